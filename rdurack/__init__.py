@@ -1,0 +1,1 @@
+"""rdurack: an emulated rack of SN40L-style RDU sockets."""

@@ -1,0 +1,1 @@
+"""The pure hardware model: spec, presets, memory, residency, kernels, timing, links."""

@@ -1,0 +1,1 @@
+"""The one place OpenTelemetry is configured, and span names (with the cluster)."""

@@ -1,0 +1,300 @@
+"""The wire contracts in proto/rdurack/v1: generated modules, services, enums, round trips.
+
+These pin the first version of the API: renaming or dropping a method, a job state or a
+field the tests use is a breaking change and must be deliberate.
+"""
+
+from __future__ import annotations
+
+import pytest
+from google.protobuf import descriptor_pb2
+from google.protobuf.descriptor import FileDescriptor
+
+from rdurack.v1 import (
+    common_pb2,
+    job_pb2,
+    job_pb2_grpc,
+    link_pb2,
+    link_pb2_grpc,
+    node_agent_pb2,
+    node_agent_pb2_grpc,
+    rack_pb2,
+    rack_pb2_grpc,
+)
+
+FILES: dict[str, FileDescriptor] = {
+    "common": common_pb2.DESCRIPTOR,
+    "job": job_pb2.DESCRIPTOR,
+    "rack": rack_pb2.DESCRIPTOR,
+    "node_agent": node_agent_pb2.DESCRIPTOR,
+    "link": link_pb2.DESCRIPTOR,
+}
+
+# file -> service -> method -> (client streaming, server streaming)
+SERVICES: dict[str, dict[str, dict[str, tuple[bool, bool]]]] = {
+    "common": {},
+    "job": {
+        "JobService": {
+            "SubmitJob": (False, False),
+            "GetJob": (False, False),
+            "ListJobs": (False, False),
+            "CancelJob": (False, False),
+            "WatchJob": (False, True),
+        },
+    },
+    "rack": {
+        "RackService": {
+            "GetRack": (False, False),
+            "ListNodes": (False, False),
+        },
+    },
+    "node_agent": {
+        # Health is the standard grpc.health.v1 service, not redefined here.
+        "NodeAgentService": {
+            "GetNode": (False, False),
+            "ReserveSockets": (False, False),
+            "ReleaseSockets": (False, False),
+            "RunKernel": (False, False),
+            "Collective": (False, False),
+        },
+    },
+    "link": {
+        "LinkService": {
+            "Transfer": (True, False),
+            "Ping": (False, False),
+        },
+    },
+}
+
+
+@pytest.mark.parametrize("name", sorted(FILES))
+def test_every_file_is_in_package_rdurack_v1(name: str) -> None:
+    descriptor = FILES[name]
+    assert descriptor.package == "rdurack.v1"
+    assert descriptor.name == f"rdurack/v1/{name}.proto"
+    as_proto = descriptor_pb2.FileDescriptorProto()
+    descriptor.CopyToProto(as_proto)
+    assert as_proto.syntax == "proto3"
+
+
+def test_grpc_modules_expose_stubs_servicers_and_registration() -> None:
+    assert callable(job_pb2_grpc.JobServiceStub)
+    assert callable(job_pb2_grpc.add_JobServiceServicer_to_server)
+    assert issubclass(job_pb2_grpc.JobServiceServicer, object)
+    assert callable(rack_pb2_grpc.RackServiceStub)
+    assert callable(rack_pb2_grpc.add_RackServiceServicer_to_server)
+    assert issubclass(rack_pb2_grpc.RackServiceServicer, object)
+    assert callable(node_agent_pb2_grpc.NodeAgentServiceStub)
+    assert callable(node_agent_pb2_grpc.add_NodeAgentServiceServicer_to_server)
+    assert issubclass(node_agent_pb2_grpc.NodeAgentServiceServicer, object)
+    assert callable(link_pb2_grpc.LinkServiceStub)
+    assert callable(link_pb2_grpc.add_LinkServiceServicer_to_server)
+    assert issubclass(link_pb2_grpc.LinkServiceServicer, object)
+    # The servicer base classes carry one method per RPC, named as in the proto.
+    for servicer, service in [
+        (job_pb2_grpc.JobServiceServicer, SERVICES["job"]["JobService"]),
+        (rack_pb2_grpc.RackServiceServicer, SERVICES["rack"]["RackService"]),
+        (node_agent_pb2_grpc.NodeAgentServiceServicer, SERVICES["node_agent"]["NodeAgentService"]),
+        (link_pb2_grpc.LinkServiceServicer, SERVICES["link"]["LinkService"]),
+    ]:
+        for method in service:
+            assert callable(getattr(servicer, method)), (servicer.__name__, method)
+
+
+@pytest.mark.parametrize("name", sorted(SERVICES))
+def test_each_file_defines_exactly_the_expected_services_and_methods(name: str) -> None:
+    descriptor = FILES[name]
+    expected = SERVICES[name]
+    assert set(descriptor.services_by_name) == set(expected)
+    for service_name, methods in expected.items():
+        service = descriptor.services_by_name[service_name]
+        assert service.full_name == f"rdurack.v1.{service_name}"
+        assert set(service.methods_by_name) == set(methods)
+        for method_name, (client_streaming, server_streaming) in methods.items():
+            method = service.methods_by_name[method_name]
+            assert (method.client_streaming, method.server_streaming) == (
+                client_streaming,
+                server_streaming,
+            ), f"{service_name}.{method_name}"
+
+
+def test_streaming_methods_carry_the_documented_messages() -> None:
+    watch = job_pb2.DESCRIPTOR.services_by_name["JobService"].methods_by_name["WatchJob"]
+    assert watch.input_type.full_name == "rdurack.v1.WatchJobRequest"
+    assert watch.output_type.full_name == "rdurack.v1.JobEvent"
+    transfer = link_pb2.DESCRIPTOR.services_by_name["LinkService"].methods_by_name["Transfer"]
+    assert transfer.input_type.full_name == "rdurack.v1.TransferChunk"
+    assert transfer.output_type.full_name == "rdurack.v1.TransferAck"
+
+
+def test_job_state_has_the_six_states_in_lifecycle_order() -> None:
+    enum = common_pb2.DESCRIPTOR.enum_types_by_name["JobState"]
+    assert [(value.name, value.number) for value in enum.values] == [
+        ("JOB_STATE_UNSPECIFIED", 0),
+        ("JOB_STATE_PENDING", 1),
+        ("JOB_STATE_SCHEDULED", 2),
+        ("JOB_STATE_RUNNING", 3),
+        ("JOB_STATE_SUCCEEDED", 4),
+        ("JOB_STATE_FAILED", 5),
+        ("JOB_STATE_CANCELLED", 6),
+    ]
+    # The module-level constants the code uses match the descriptor.
+    assert [
+        common_pb2.JOB_STATE_PENDING,
+        common_pb2.JOB_STATE_SCHEDULED,
+        common_pb2.JOB_STATE_RUNNING,
+        common_pb2.JOB_STATE_SUCCEEDED,
+        common_pb2.JOB_STATE_FAILED,
+        common_pb2.JOB_STATE_CANCELLED,
+    ] == [1, 2, 3, 4, 5, 6]
+
+
+def test_tier_enum_names_the_three_tiers() -> None:
+    enum = common_pb2.DESCRIPTOR.enum_types_by_name["Tier"]
+    assert [value.name for value in enum.values] == [
+        "TIER_UNSPECIFIED",
+        "TIER_SRAM",
+        "TIER_HBM",
+        "TIER_DDR",
+    ]
+
+
+@pytest.mark.parametrize("name", sorted(FILES))
+def test_every_enum_starts_with_unspecified_zero(name: str) -> None:
+    enums = list(FILES[name].enum_types_by_name.values())
+    enums += [
+        nested
+        for message in FILES[name].message_types_by_name.values()
+        for nested in message.enum_types
+    ]
+    for enum in enums:
+        first = enum.values[0]
+        assert first.number == 0, enum.full_name
+        assert first.name.endswith("_UNSPECIFIED"), enum.full_name
+
+
+def _kernel_spec() -> job_pb2.JobSpec:
+    return job_pb2.JobSpec(
+        name="llama decode",
+        priority=5,
+        platform="sn40l-rack16",
+        client_request_id="req-0001",
+        payload_mode=common_pb2.PAYLOAD_MODE_TIMING,
+        kernel=job_pb2.KernelJob(
+            model="llama2-7b",
+            phase=common_pb2.PHASE_DECODE,
+            fusion_plan=common_pb2.FUSION_PLAN_KERNEL_LOOPED,
+            sequence_length=4096,
+            batch_size=8,
+            num_sockets=16,
+            output_tokens=128,
+        ),
+    )
+
+
+def test_job_spec_with_kernel_job_round_trips() -> None:
+    spec = _kernel_spec()
+    wire = spec.SerializeToString()
+    assert wire  # non-default fields were set, so the encoding is not empty
+
+    back = job_pb2.JobSpec.FromString(wire)
+
+    assert back == spec
+    assert back.WhichOneof("workload") == "kernel"
+    assert back.name == "llama decode"
+    assert back.priority == 5
+    assert back.platform == "sn40l-rack16"
+    assert back.client_request_id == "req-0001"
+    assert back.payload_mode == common_pb2.PAYLOAD_MODE_TIMING
+    assert back.kernel.model == "llama2-7b"
+    assert back.kernel.phase == common_pb2.PHASE_DECODE
+    assert back.kernel.fusion_plan == common_pb2.FUSION_PLAN_KERNEL_LOOPED
+    assert back.kernel.sequence_length == 4096
+    assert back.kernel.batch_size == 8
+    assert back.kernel.num_sockets == 16
+    assert back.kernel.output_tokens == 128
+    assert not back.HasField("training")
+    assert not back.HasField("coe_inference")
+
+
+def test_setting_another_workload_replaces_the_kernel_job() -> None:
+    spec = _kernel_spec()
+    spec.training.world_size = 16
+    assert spec.WhichOneof("workload") == "training"
+    assert not spec.HasField("kernel")
+
+
+def test_job_with_sockets_timestamps_and_result_round_trips() -> None:
+    job = job_pb2.Job(
+        id="job-000042",
+        spec=_kernel_spec(),
+        state=common_pb2.JOB_STATE_SUCCEEDED,
+        sockets=[
+            common_pb2.SocketRef(node_index=1, socket_index=3, id="rdu-n1-s3"),
+            common_pb2.SocketRef(node_index=0, socket_index=0, id="rdu-n0-s0"),
+        ],
+        emulated_start_ns=1_000,
+        emulated_end_ns=2**40,  # beyond 32 bits: ns fields are uint64
+        result=job_pb2.JobResult(
+            kernel=job_pb2.KernelResult(
+                emulated_s=1.5,
+                kernel_calls=1,
+                hbm_bandwidth_utilization=0.9,
+                tier_usage=[
+                    common_pb2.TierUsage(
+                        tier=common_pb2.TIER_HBM,
+                        used_bytes=10,
+                        peak_bytes=2**36,
+                        capacity_bytes=64 * 10**9,
+                    )
+                ],
+            )
+        ),
+    )
+    job.create_time.FromNanoseconds(1_700_000_000_123_456_789)
+
+    back = job_pb2.Job.FromString(job.SerializeToString())
+
+    assert back == job
+    assert [s.id for s in back.sockets] == ["rdu-n1-s3", "rdu-n0-s0"]
+    assert back.emulated_end_ns == 2**40
+    assert back.create_time.ToNanoseconds() == 1_700_000_000_123_456_789
+    assert back.result.WhichOneof("result") == "kernel"
+    assert back.result.kernel.tier_usage[0].peak_bytes == 2**36
+
+
+def test_job_event_carries_exactly_one_kind_of_event() -> None:
+    event = job_pb2.JobEvent(
+        job_id="job-1",
+        sequence=3,
+        progress=job_pb2.JobProgress(fraction=0.25, message="decode token 32/128"),
+    )
+    assert event.WhichOneof("event") == "progress"
+    event.state_change.to_state = common_pb2.JOB_STATE_RUNNING
+    assert event.WhichOneof("event") == "state_change"
+    assert not event.HasField("progress")
+    assert job_pb2.JobEvent.FromString(event.SerializeToString()) == event
+
+
+def test_transfer_chunks_are_either_header_or_data() -> None:
+    header = link_pb2.TransferChunk(
+        header=link_pb2.TransferHeader(
+            transfer_id="t-1",
+            src_socket_id="rdu-n0-s0",
+            dst_socket_id="rdu-n0-s1",
+            total_bytes=6 * 4,
+            emulated_send_ns=123,
+            collective_tag="grad-allreduce/step-1",
+            collective_step=2,
+            dtype="float32",
+            shape=[2, 3],
+        )
+    )
+    data = link_pb2.TransferChunk(data=b"\x00" * 24)
+    assert header.WhichOneof("chunk") == "header"
+    assert data.WhichOneof("chunk") == "data"
+    back = link_pb2.TransferChunk.FromString(header.SerializeToString())
+    assert back == header
+    assert list(back.header.shape) == [2, 3]
+    assert back.header.timing_only is False
+    assert link_pb2.TransferChunk.FromString(data.SerializeToString()).data == b"\x00" * 24
