@@ -1,0 +1,366 @@
+"""The fast predictor: the rack/ timing model in one process, no Ray, no sockets.
+
+It answers the memory-wall questions directly: what fusion buys, how fast a model
+decodes on a platform, what serving a Composition of Experts costs with switching, and
+how many experts a platform holds. The cluster runs the same timing model and must
+agree with it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from functools import lru_cache
+from math import ceil
+from typing import Any
+
+from rdurack.rack.errors import InvalidRequest, OutOfMemory
+from rdurack.rack.kernels import FusionPlan, Phase, step
+from rdurack.rack.models import ModelSpec
+from rdurack.rack.spec import PlatformSpec
+from rdurack.rack.timing import StepTiming, Timer, tp_group
+
+# ------------------------------------------------------------------ shared pieces
+
+
+class Predictor:
+    """Predictions for one platform. Step timings are cached: a CoE study asks for the
+    same shapes thousands of times."""
+
+    def __init__(self, platform: PlatformSpec) -> None:
+        self.platform = platform
+        self._timers: dict[int, Timer] = {}
+        self._step = lru_cache(maxsize=4096)(self._step_uncached)
+
+    def timer(self, sockets: int) -> Timer:
+        if sockets not in self._timers:
+            self._timers[sockets] = Timer(self.platform, tp_group(self.platform, sockets))
+        return self._timers[sockets]
+
+    def _step_uncached(
+        self, model: ModelSpec, phase: Phase, plan: FusionPlan, batch: int, seq: int, sockets: int
+    ) -> StepTiming:
+        return self.timer(sockets).step(step(model, phase, batch, seq, sockets), plan)
+
+    def step(
+        self, model: ModelSpec, phase: Phase, plan: FusionPlan, batch: int, seq: int, sockets: int
+    ) -> StepTiming:
+        return self._step(model, phase, plan, batch, seq, sockets)
+
+    def decode_loop_s(
+        self,
+        model: ModelSpec,
+        plan: FusionPlan,
+        batch: int,
+        prompt_tokens: int,
+        tokens: int,
+        sockets: int,
+    ) -> float:
+        """`tokens` decode steps after a prompt. Each step attends to the context so far;
+        decode time is linear in context between the roofline corners, so the mean
+        context (prompt + tokens/2) gives the loop's time."""
+        if tokens <= 0:
+            return 0.0
+        context = prompt_tokens + max(1, tokens // 2)
+        return tokens * self.step(model, Phase.DECODE, plan, batch, context, sockets).total_s
+
+    def default_decode_plan(self) -> FusionPlan:
+        return (
+            FusionPlan.FUSED_HO
+            if self.platform.socket.kernels.dataflow_fusion
+            else (FusionPlan.UNFUSED)
+        )
+
+    def check_fits_hbm(
+        self, model: ModelSpec, sockets: int, kv_tokens: int, extra: int = 0
+    ) -> None:
+        """Weights split over `sockets` plus the KV cache must fit in each socket's HBM."""
+        need = (
+            ceil(model.weight_bytes / sockets)
+            + ceil(kv_tokens * model.kv_bytes_per_token() / sockets)
+            + extra
+        )
+        cap = self.platform.socket.hbm.capacity_bytes
+        if need > cap:
+            raise OutOfMemory(
+                f"{self.platform.name} socket", "hbm", need, cap, what=f"{model.name} on {sockets}"
+            )
+
+
+# ------------------------------------------------------------------ fusion
+
+
+@dataclass(frozen=True)
+class FusionResult:
+    model: str
+    phase: str
+    seq: int
+    sockets: int
+    batch: int
+    unfused_s: float
+    fused_so_s: float
+    fused_s: float
+    kernel_looped_s: float | None
+    speedup: float
+    fused_kernel_calls: int
+    unfused_kernel_calls: int
+    hbm_bandwidth_utilization: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def predict_fusion(
+    p: Predictor, model: ModelSpec, phase: Phase, seq: int, sockets: int, batch: int = 1
+) -> FusionResult:
+    """One step (one prefill pass, one decoded token, one training step) unfused, fused
+    host-orchestrated and fused hardware-orchestrated on `sockets` sockets."""
+    if not p.platform.socket.kernels.dataflow_fusion:
+        raise InvalidRequest(f"{p.platform.name} has no dataflow fusion; use an sn40l platform")
+    kv = batch * seq if phase is not Phase.TRAIN else 0
+    p.check_fits_hbm(model, sockets, kv)
+    unfused = p.step(model, phase, FusionPlan.UNFUSED, batch, seq, sockets)
+    fused_so = p.step(model, phase, FusionPlan.FUSED_SO, batch, seq, sockets)
+    fused = p.step(model, phase, FusionPlan.FUSED_HO, batch, seq, sockets)
+    looped = (
+        p.step(model, phase, FusionPlan.KERNEL_LOOPED, batch, seq, sockets).total_s
+        if phase is Phase.DECODE
+        else None
+    )
+    peak = p.platform.socket.hbm.bandwidth_bytes_per_s
+    return FusionResult(
+        model=model.name,
+        phase=phase.value,
+        seq=seq,
+        sockets=sockets,
+        batch=batch,
+        unfused_s=unfused.total_s,
+        fused_so_s=fused_so.total_s,
+        fused_s=fused.total_s,
+        kernel_looped_s=looped,
+        speedup=unfused.total_s / fused.total_s,
+        fused_kernel_calls=fused.kernel_calls,
+        unfused_kernel_calls=unfused.kernel_calls,
+        hbm_bandwidth_utilization=fused.hbm_bytes / (fused.total_s * peak),
+    )
+
+
+# ------------------------------------------------------------------ decode throughput
+
+
+@dataclass(frozen=True)
+class DecodeResult:
+    platform: str
+    model: str
+    sockets: int
+    batch: int
+    context: int
+    plan: str
+    step_s: float
+    tokens_per_s_per_user: float
+    tokens_per_s: float
+    hbm_bandwidth_utilization: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def predict_decode(
+    p: Predictor,
+    model: ModelSpec,
+    batch: int,
+    sockets: int | None = None,
+    context: int = 4096,
+    plan: FusionPlan | None = None,
+) -> DecodeResult:
+    """Steady-state decode on a platform: kernel looping on SN40L, unfused on GPUs."""
+    n = p.platform.sockets if sockets is None else sockets
+    if plan is None:
+        dataflow = p.platform.socket.kernels.dataflow_fusion
+        plan = FusionPlan.KERNEL_LOOPED if dataflow else FusionPlan.UNFUSED
+    p.check_fits_hbm(model, n, batch * context)
+    t = p.step(model, Phase.DECODE, plan, batch, context, n)
+    peak = p.platform.socket.hbm.bandwidth_bytes_per_s
+    return DecodeResult(
+        platform=p.platform.name,
+        model=model.name,
+        sockets=n,
+        batch=batch,
+        context=context,
+        plan=plan.value,
+        step_s=t.total_s,
+        tokens_per_s_per_user=1.0 / t.total_s,
+        tokens_per_s=batch / t.total_s,
+        hbm_bandwidth_utilization=t.hbm_bytes / (t.total_s * peak),
+    )
+
+
+# ------------------------------------------------------------------ CoE serving
+
+# Assumption: the prompt length of PAPER Table V's evaluation is not published. A chat
+# prompt with its system preamble of about a thousand tokens is typical; it is the one
+# workload setting the Table V figures depend on that the paper leaves open.
+TABLE_V_PROMPT_TOKENS = 1024
+# Assumption: host DRAM a DGX keeps for the OS, the framework and pinned staging buffers
+# (not available to hold expert weights). PAPER does not say; 64 GB is a conservative
+# figure for a 2 TB server. It only moves the DGX's expert limit from 148 to 143.
+DGX_HOST_RESERVE_BYTES = 64_000_000_000
+
+
+@dataclass(frozen=True)
+class CoeSetting:
+    """A batch of CoE requests, PAPER Sec. VI-C: the router runs once on the batch, then
+    each (prompt, expert) pair runs in turn; every prompt goes to a different expert that
+    is not yet in HBM (the paper's switching-bound case)."""
+
+    experts: int = 150
+    batch: int = 8
+    output_tokens: int = 20
+    prompt_tokens: int = TABLE_V_PROMPT_TOKENS
+    expert_model: str = "llama2-7b"
+    router_model: str = "llama2-7b"
+    sockets: int = 8  # TP8 on every platform, as in the paper
+    decode_plan: FusionPlan | None = None  # None: the platform's default
+
+    def __post_init__(self) -> None:
+        for name in ("experts", "batch", "output_tokens", "prompt_tokens", "sockets"):
+            if getattr(self, name) <= 0:
+                raise InvalidRequest(
+                    f"{name.replace('_', '-')} must be positive, got {getattr(self, name)}"
+                )
+
+
+@dataclass(frozen=True)
+class CoeResult:
+    platform: str
+    experts: int
+    batch_size: int
+    output_tokens: int
+    prompt_tokens: int
+    decode_plan: str
+    oom: bool
+    oom_reason: str | None = None
+    total_s: float | None = None
+    router_s: float | None = None
+    switch_s: float | None = None
+    switch_s_per_expert: float | None = None
+    expert_s: float | None = None
+    request_s: list[float] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def expert_capacity(p: PlatformSpec, expert: ModelSpec, sockets: int) -> int:
+    """How many TP-split experts one node's capacity tier (DDR, or a DGX's host DRAM)
+    holds: each socket keeps 1/sockets of every expert."""
+    share = ceil(expert.weight_bytes / sockets)
+    usable = p.socket.ddr.capacity_bytes
+    if p.socket.kind == "gpu":
+        usable -= ceil(DGX_HOST_RESERVE_BYTES / p.node.sockets)
+    return max(0, usable // share)
+
+
+def switch_time_s(p: PlatformSpec, nbytes: int, sockets: int) -> float:
+    """Bring `nbytes` of weights, split over `sockets` of one node, into HBM: each socket
+    copies its share at its own DDR->HBM rate, all under the node-level cap."""
+    per_socket = nbytes / sockets / p.socket.ddr_to_hbm_bandwidth_bytes_per_s
+    node = nbytes / p.node.ddr_to_hbm_node_bandwidth_bytes_per_s
+    return max(per_socket, node)
+
+
+def predict_coe(p: Predictor, s: CoeSetting, models: dict[str, ModelSpec]) -> CoeResult:
+    plan = s.decode_plan or p.default_decode_plan()
+    expert, router = models[s.expert_model], models[s.router_model]
+    base: dict[str, Any] = {
+        "platform": p.platform.name,
+        "experts": s.experts,
+        "batch_size": s.batch,
+        "output_tokens": s.output_tokens,
+        "prompt_tokens": s.prompt_tokens,
+        "decode_plan": plan.value,
+    }
+    if s.sockets > p.platform.node.sockets:
+        raise InvalidRequest(
+            f"a CoE deployment runs on one node: {s.sockets} sockets > {p.platform.node.sockets}"
+        )
+    capacity = expert_capacity(p.platform, expert, s.sockets)
+    if s.experts > capacity:
+        tier = "host DRAM" if p.platform.socket.kind == "gpu" else "DDR"
+        need = s.experts * expert.weight_bytes
+        return CoeResult(
+            **base,
+            oom=True,
+            oom_reason=(
+                f"{s.experts} x {expert.name} experts need {need / 1e12:.2f} TB of {tier}; "
+                f"a {p.platform.name} node holds at most {capacity} "
+                f"({s.sockets} x {p.platform.socket.ddr.capacity_bytes / 1e9:.0f} GB"
+                + (
+                    f", less {DGX_HOST_RESERVE_BYTES / 1e9:.0f} GB reserved for the host)"
+                    if p.platform.socket.kind == "gpu"
+                    else ")"
+                )
+            ),
+        )
+    kv_tokens = s.prompt_tokens + s.output_tokens
+    # HBM holds the router, one active expert and the KV cache of the batch.
+    p.check_fits_hbm(
+        router, s.sockets, s.batch * kv_tokens, extra=ceil(expert.weight_bytes / s.sockets)
+    )
+    router_s = p.step(
+        router,
+        Phase.PREFILL,
+        FusionPlan.FUSED_HO if plan is not FusionPlan.UNFUSED else FusionPlan.UNFUSED,
+        s.batch,
+        s.prompt_tokens,
+        s.sockets,
+    ).total_s
+    per_switch = switch_time_s(p.platform, expert.weight_bytes, s.sockets)
+    prefill_plan = FusionPlan.UNFUSED if plan is FusionPlan.UNFUSED else FusionPlan.FUSED_HO
+    prefill = p.step(expert, Phase.PREFILL, prefill_plan, 1, s.prompt_tokens, s.sockets).total_s
+    decode = p.decode_loop_s(expert, plan, 1, s.prompt_tokens, s.output_tokens - 1, s.sockets)
+    expert_each = prefill + decode
+    requests = [router_s + (i + 1) * (per_switch + expert_each) for i in range(s.batch)]
+    return CoeResult(
+        **base,
+        oom=False,
+        total_s=requests[-1],
+        router_s=router_s,
+        switch_s=s.batch * per_switch,
+        switch_s_per_expert=per_switch,
+        expert_s=s.batch * expert_each,
+        request_s=requests,
+    )
+
+
+# ------------------------------------------------------------------ footprint
+
+
+@dataclass(frozen=True)
+class FootprintResult:
+    platform: str
+    expert_model: str
+    serving_tier: str
+    max_experts: int
+    experts: int | None
+    nodes_needed: int | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def predict_footprint(
+    platform: PlatformSpec, expert: ModelSpec, experts: int | None = None
+) -> FootprintResult:
+    """Experts a node holds where it serves them from without slow switching: an SN40L
+    node in DDR (switching at over 1 TB/s); a DGX in HBM (its host link is 32-64 GB/s),
+    as PAPER's footprint comparison assumes. Weights are TP-split over the node."""
+    sockets = platform.node.sockets
+    if platform.socket.kind == "rdu":
+        tier, per_node = "ddr", expert_capacity(platform, expert, sockets)
+    else:
+        tier = "hbm"
+        per_node = platform.socket.hbm.capacity_bytes // ceil(expert.weight_bytes / sockets)
+    if experts is not None and experts <= 0:
+        raise InvalidRequest(f"experts must be positive, got {experts}")
+    nodes = None if experts is None or per_node == 0 else ceil(experts / per_node)
+    return FootprintResult(platform.name, expert.name, tier, per_node, experts, nodes)

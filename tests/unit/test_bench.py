@@ -1,0 +1,169 @@
+"""`make bench`: the runner's JSON contract and failure rule, without the slow benchmarks."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rdurack.services import bench
+from rdurack.services.bench import (
+    BenchFigure,
+    bench_paper_fidelity,
+    bench_predictor_speed,
+    run,
+)
+
+MET = BenchFigure("fake latency", 1.5, "ms", 2.0, "lower")
+MISSED = BenchFigure("fake throughput", 10.0, "ops/s", 100.0, "higher")
+UNTARGETED = BenchFigure("fake count", 3.0, "things", None, "higher")
+KEYS = {"name", "value", "unit", "target", "better"}
+
+
+def _fake() -> list[BenchFigure]:
+    return [MET, MISSED]
+
+
+def _untargeted() -> list[BenchFigure]:
+    return [UNTARGETED]
+
+
+def _broken() -> list[BenchFigure]:
+    raise RuntimeError("this benchmark cannot run")
+
+
+def _read(path: Path) -> list[dict[str, Any]]:
+    data = json.loads(path.read_text())
+    assert isinstance(data, list)
+    for item in data:
+        assert isinstance(item, dict)
+    return data
+
+
+def _check_schema(item: dict[str, Any]) -> None:
+    assert set(item) == KEYS
+    assert isinstance(item["name"], str)
+    assert item["name"]
+    assert isinstance(item["value"], int | float)
+    assert not isinstance(item["value"], bool)
+    assert isinstance(item["unit"], str)
+    assert item["target"] is None or (
+        isinstance(item["target"], int | float) and not isinstance(item["target"], bool)
+    )
+    assert item["better"] in ("lower", "higher")
+
+
+def test_run_writes_every_figure_and_succeeds_when_a_target_is_missed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(bench, "BENCHMARKS", [("fake", _fake), ("untargeted", _untargeted)])
+    out = tmp_path / "b.json"
+
+    assert run(out) == 0
+
+    data = _read(out)
+    for item in data:
+        _check_schema(item)
+    assert data == [
+        {"name": "fake latency", "value": 1.5, "unit": "ms", "target": 2.0, "better": "lower"},
+        {
+            "name": "fake throughput",
+            "value": 10.0,
+            "unit": "ops/s",
+            "target": 100.0,
+            "better": "higher",
+        },
+        {"name": "fake count", "value": 3.0, "unit": "things", "target": None, "better": "higher"},
+    ]
+
+
+def test_run_creates_the_output_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(bench, "BENCHMARKS", [("fake", _fake)])
+    out = tmp_path / "build" / "deeper" / "b.json"
+    assert run(out) == 0
+    assert [item["name"] for item in _read(out)] == ["fake latency", "fake throughput"]
+
+
+@pytest.mark.parametrize("broken_first", [True, False], ids=["broken-first", "broken-last"])
+def test_a_benchmark_that_raises_fails_the_run_after_the_others_are_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, broken_first: bool
+) -> None:
+    benchmarks = [("broken", _broken), ("fake", _fake)]
+    if not broken_first:
+        benchmarks.reverse()
+    monkeypatch.setattr(bench, "BENCHMARKS", benchmarks)
+    out = tmp_path / "b.json"
+
+    assert run(out) == 1
+
+    data = _read(out)
+    for item in data:
+        _check_schema(item)
+    assert [item["name"] for item in data] == ["fake latency", "fake throughput"]
+
+
+def test_run_with_only_a_broken_benchmark_writes_an_empty_list(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(bench, "BENCHMARKS", [("broken", _broken)])
+    out = tmp_path / "b.json"
+    assert run(out) == 1
+    assert _read(out) == []
+
+
+@pytest.mark.parametrize(
+    ("value", "target", "better", "met"),
+    [
+        (1.0, 2.0, "lower", True),
+        (2.0, 2.0, "lower", True),
+        (3.0, 2.0, "lower", False),
+        (3.0, 2.0, "higher", True),
+        (2.0, 2.0, "higher", True),
+        (1.0, 2.0, "higher", False),
+        (1.0, None, "lower", None),
+        (1.0, None, "higher", None),
+    ],
+)
+def test_met(value: float, target: float | None, better: str, met: bool | None) -> None:
+    assert better in ("lower", "higher")
+    figure = BenchFigure("f", value, "u", target, "lower" if better == "lower" else "higher")
+    assert figure.met is met
+
+
+def test_the_fakes_meet_and_miss_their_targets() -> None:
+    assert MET.met is True
+    assert MISSED.met is False
+    assert UNTARGETED.met is None
+
+
+def test_paper_fidelity_figures() -> None:
+    figures = bench_paper_fidelity()
+    assert [f.name for f in figures] == [
+        "paper figures reproduced",
+        "paper value figures, largest |error|",
+    ]
+    reproduced, largest_error = figures
+    assert reproduced.unit == "figures"
+    assert reproduced.better == "higher"
+    assert reproduced.target is not None
+    assert reproduced.target >= 1
+    assert reproduced.target == int(reproduced.target)
+    assert 0 <= reproduced.value <= reproduced.target
+    assert largest_error.unit == "%"
+    assert largest_error.better == "lower"
+    assert largest_error.target == 15.0
+    assert largest_error.value >= 0
+    for f in figures:
+        _check_schema(json.loads(json.dumps(f.__dict__)))
+
+
+def test_predictor_speed_is_a_positive_rate() -> None:
+    (figure,) = bench_predictor_speed(seconds=0.2)
+    assert figure.unit == "requests/s"
+    assert figure.better == "higher"
+    assert figure.value > 0
+    assert figure.target is not None
+    assert figure.target > 0
+    _check_schema(json.loads(json.dumps(figure.__dict__)))

@@ -1,0 +1,97 @@
+"""Operator decomposition: FLOPs and bytes per socket, and what fusion keeps on chip."""
+
+from __future__ import annotations
+
+import pytest
+
+from rdurack.rack.errors import InvalidRequest
+from rdurack.rack.kernels import (
+    ADAM_BYTES_PER_PARAM,
+    OpKind,
+    Phase,
+    step,
+)
+from rdurack.rack.models import model
+
+M = model("llama2-7b")
+
+
+def _matmul_flops(s: object) -> float:
+    from rdurack.rack.kernels import Step
+
+    assert isinstance(s, Step)
+    return sum(op.flops * n for b, n in s.blocks for op in b.ops if op.kind is OpKind.MATMUL)
+
+
+def test_decode_matmul_flops_are_two_per_weight() -> None:
+    # One token through every matrix but the embedding lookup: 2 FLOPs per weight.
+    s = step(M, Phase.DECODE, 1, 1, 1)
+    matrices = M.layers * (M.attention_params + M.mlp_params) + M.vocab * M.hidden
+    assert _matmul_flops(s) == pytest.approx(2 * matrices)
+
+
+def test_decode_reads_every_weight_once() -> None:
+    s = step(M, Phase.DECODE, 1, 128, 1)
+    # Weights of the matrices and norms, plus one embedding row.
+    expected = (M.params - M.vocab * M.hidden) * M.bytes_per_param
+    assert s.weight_bytes == pytest.approx(expected, rel=1e-3)
+
+
+def test_tensor_parallelism_splits_weights_and_flops() -> None:
+    one = step(M, Phase.DECODE, 1, 1024, 1)
+    eight = step(M, Phase.DECODE, 1, 1024, 8)
+    assert _matmul_flops(eight) == pytest.approx(_matmul_flops(one) / 8)
+    # Norm weights are replicated, so slightly more than 1/8 of the bytes.
+    assert one.weight_bytes / 8 < eight.weight_bytes < one.weight_bytes / 7.9
+
+
+def test_tp_adds_two_all_reduces_per_layer() -> None:
+    s = step(M, Phase.DECODE, 1, 1024, 8)
+    layer = next(b for b, _ in s.blocks if b.name == "decoder_layer")
+    assert [op.name for op in layer.ops if op.kind is OpKind.ALL_REDUCE] == [
+        "attn_all_reduce",
+        "mlp_all_reduce",
+    ]
+    single = step(M, Phase.DECODE, 1, 1024, 1)
+    layer1 = next(b for b, _ in single.blocks if b.name == "decoder_layer")
+    assert not [op for op in layer1.ops if op.kind is OpKind.ALL_REDUCE]
+
+
+def test_decode_attention_grows_with_context() -> None:
+    short = step(M, Phase.DECODE, 1, 512, 1)
+    long = step(M, Phase.DECODE, 1, 4096, 1)
+    assert long.flops > short.flops
+    # QK^T and PV: 4 x hidden FLOPs per attended token; softmax: 5 per score.
+    per_token = 4 * M.hidden + 5 * M.heads
+    assert long.flops - short.flops == pytest.approx(M.layers * per_token * (4096 - 512))
+
+
+def test_prefill_flops_scale_with_tokens() -> None:
+    s = step(M, Phase.PREFILL, 1, 2048, 1)
+    # About 2 x params x tokens, plus causal attention.
+    assert s.flops == pytest.approx(2 * M.params * 2048, rel=0.12)
+
+
+def test_training_is_about_three_forward_passes() -> None:
+    fwd = step(M, Phase.PREFILL, 1, 2048, 8)
+    train = step(M, Phase.TRAIN, 1, 2048, 8)
+    # Prefill computes logits of the last token only; training of every token.
+    assert 2.8 * fwd.flops < train.flops < 3.6 * fwd.flops
+    opt = next(b for b, _ in train.blocks if b.name == "optimizer")
+    assert opt.ops[0].weight_bytes == pytest.approx(ADAM_BYTES_PER_PARAM * M.params / 8)
+
+
+def test_fusion_keeps_intermediates_on_chip() -> None:
+    s = step(M, Phase.PREFILL, 1, 4096, 8)
+    layer = next(b for b, _ in s.blocks if b.name == "decoder_layer")
+    unfused = sum(op.hbm_bytes for op in layer.ops)
+    # The attention scores alone are several times the layer's weights.
+    assert layer.fused_hbm_bytes() < unfused / 3
+    assert 0 < layer.fused_sram_bytes() < unfused
+
+
+def test_bad_shapes_are_refused() -> None:
+    with pytest.raises(InvalidRequest, match="positive"):
+        step(M, Phase.DECODE, 0, 128, 1)
+    with pytest.raises(InvalidRequest, match="divide heads"):
+        step(M, Phase.DECODE, 1, 128, 3)

@@ -1,0 +1,55 @@
+"""Model presets against their published parameter counts."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from rdurack.rack.errors import UnknownName
+from rdurack.rack.models import ModelSpec, builtin_models, model
+
+# Published sizes (model cards / papers), in parameters.
+PUBLISHED = {
+    "llama2-7b": 6.74e9,
+    "llama2-13b": 13.0e9,
+    "llama2-70b": 68.98e9,
+    "mistral-7b": 7.24e9,
+    "falcon-40b": 41.8e9,
+    "bloom-176b": 176.2e9,
+    "llama3.1-8b": 8.03e9,
+    "llama3.1-70b": 70.6e9,
+    "llama3.1-405b": 405.9e9,
+}
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_parameter_count_matches_published(name: str) -> None:
+    assert model(name).params == pytest.approx(PUBLISHED[name], rel=0.01)
+
+
+def test_every_preset_has_a_published_size() -> None:
+    assert set(builtin_models()) == set(PUBLISHED)
+
+
+def test_kv_cache_per_token_uses_kv_heads() -> None:
+    # Llama 3.1 8B: 32 layers x K and V x 8 kv heads x 128 dims x 2 bytes = 128 KiB.
+    assert model("llama3.1-8b").kv_bytes_per_token() == 32 * 2 * 8 * 128 * 2
+    # Llama 2 7B has no grouped-query attention: 4x as much.
+    assert model("llama2-7b").kv_bytes_per_token() == 4 * model("llama3.1-8b").kv_bytes_per_token()
+
+
+def test_weight_bytes_are_bf16() -> None:
+    m = model("llama2-7b")
+    assert m.weight_bytes == 2 * m.params
+
+
+def test_heads_must_divide() -> None:
+    with pytest.raises(ValidationError, match="not a multiple of kv_heads"):
+        ModelSpec(name="x", layers=1, hidden=64, heads=8, kv_heads=3, ffn=128, vocab=10)
+    with pytest.raises(ValidationError, match="not a multiple of heads"):
+        ModelSpec(name="x", layers=1, hidden=60, heads=8, kv_heads=8, ffn=128, vocab=10)
+
+
+def test_unknown_model_lists_accepted() -> None:
+    with pytest.raises(UnknownName, match="llama2-7b"):
+        model("gpt-5")
