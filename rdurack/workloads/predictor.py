@@ -8,7 +8,7 @@ agree with it.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, is_dataclass
 from functools import lru_cache
 from math import ceil
 from typing import Any
@@ -20,6 +20,14 @@ from rdurack.rack.spec import PlatformSpec
 from rdurack.rack.timing import StepTiming, Timer, tp_group
 
 # ------------------------------------------------------------------ shared pieces
+
+
+class Result:
+    """Base of the predictor's result dataclasses: each prints as one JSON object."""
+
+    def to_dict(self) -> dict[str, Any]:
+        assert is_dataclass(self) and not isinstance(self, type)
+        return asdict(self)
 
 
 class Predictor:
@@ -90,7 +98,7 @@ class Predictor:
 
 
 @dataclass(frozen=True)
-class FusionResult:
+class FusionResult(Result):
     model: str
     phase: str
     seq: int
@@ -104,9 +112,6 @@ class FusionResult:
     fused_kernel_calls: int
     unfused_kernel_calls: int
     hbm_bandwidth_utilization: float
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def predict_fusion(
@@ -148,7 +153,7 @@ def predict_fusion(
 
 
 @dataclass(frozen=True)
-class DecodeResult:
+class DecodeResult(Result):
     platform: str
     model: str
     sockets: int
@@ -159,9 +164,6 @@ class DecodeResult:
     tokens_per_s_per_user: float
     tokens_per_s: float
     hbm_bandwidth_utilization: float
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def predict_decode(
@@ -230,7 +232,7 @@ class CoeSetting:
 
 
 @dataclass(frozen=True)
-class CoeResult:
+class CoeResult(Result):
     platform: str
     experts: int
     batch_size: int
@@ -245,9 +247,6 @@ class CoeResult:
     switch_s_per_expert: float | None = None
     expert_s: float | None = None
     request_s: list[float] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def expert_capacity(p: PlatformSpec, expert: ModelSpec, sockets: int) -> int:
@@ -336,16 +335,13 @@ def predict_coe(p: Predictor, s: CoeSetting, models: dict[str, ModelSpec]) -> Co
 
 
 @dataclass(frozen=True)
-class FootprintResult:
+class FootprintResult(Result):
     platform: str
     expert_model: str
     serving_tier: str
     max_experts: int
     experts: int | None
     nodes_needed: int | None
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def predict_footprint(
