@@ -1,29 +1,54 @@
-"""Emulated time of transfers and collectives over the links of a topology.
+"""Collectives as schedules of sends, and their emulated time.
 
-A transfer costs `latency + bytes / bandwidth` over the slowest link of its path, with
-the latencies of every hop added. Collectives move data in steps; in a step every
-member sends at once over distinct links, so a step lasts as long as its slowest link.
-Costs are split into a latency part and a bandwidth part because a fused dataflow
-kernel overlaps the bandwidth part with compute but pays the latency serially.
+A collective is a list of steps; in a step every member sends its messages at once (at
+its clock), then waits for the messages sent to it and moves its clock to the latest
+arrival. Each transfer follows the one rule of rack/links.py. The predictor *simulates*
+a schedule here; the socket actors *execute* the same schedule over their gRPC links,
+with real bytes or descriptors, so the two give the same emulated time.
+
+A Send names the chunk it carries (an index into the buffer split in equal parts, or the
+whole buffer) and whether the receiver reduces it into its own or copies it, which is
+all the functional executor needs.
+
+Algorithms:
+  ring      2(N-1) steps of bytes/N around a ring (reduce-scatter, then all-gather)
+  direct    one-shot: the whole buffer to every peer of the node, then to rail peers
+  two-shot  reduce-scatter and all-gather each as one direct exchange, rails between
+  auto      the one with the earliest finish, as NCCL picks by message size
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 
 from rdurack.rack.errors import InvalidRequest
-from rdurack.rack.spec import LinkSpec
+from rdurack.rack.links import LinkState, Route
 from rdurack.rack.topology import SocketId, Topology
 
 NS = 1e-9
+WHOLE = -1  # Send.chunk value: the whole buffer
 
 
 class Algorithm(StrEnum):
-    RING = "ring"  # 2(N-1) steps of bytes/N around a ring
-    DIRECT = "direct"  # one-shot: whole buffer to every peer; one hop per level
-    TWO_SHOT = "two-shot"  # direct reduce-scatter then direct all-gather, bytes/N per peer
-    AUTO = "auto"  # the cheapest of the three, as NCCL picks by message size
+    RING = "ring"
+    DIRECT = "direct"
+    TWO_SHOT = "two-shot"
+    AUTO = "auto"
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    src: SocketId
+    dst: SocketId
+    nbytes: int
+    chunk: int = WHOLE  # which part of the buffer travels (WHOLE: all of it)
+    reduce: bool = True  # the receiver adds it into its own; False: copies it
+
+
+Step = tuple[Send, ...]
+Schedule = tuple[Step, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,124 +60,306 @@ class Cost:
     def total_s(self) -> float:
         return self.latency_s + self.bandwidth_s
 
-    def __add__(self, other: Cost) -> Cost:
-        return Cost(self.latency_s + other.latency_s, self.bandwidth_s + other.bandwidth_s)
-
-    def scaled(self, k: float) -> Cost:
-        return Cost(self.latency_s * k, self.bandwidth_s * k)
-
 
 ZERO = Cost(0.0, 0.0)
 
 
-def link_cost(links: list[LinkSpec], nbytes: float) -> Cost:
-    if not links:
+def split(elements: int, parts: int) -> list[int]:
+    """Element counts of `parts` nearly equal chunks (numpy.array_split's rule)."""
+    base, extra = divmod(elements, parts)
+    return [base + (1 if i < extra else 0) for i in range(parts)]
+
+
+# ------------------------------------------------------------------ links of a run
+
+
+class Links:
+    """The link states one run uses: a link per (src, dst) pair on a mesh or rail, one
+    port per sender on a switch. An actor holds one for its own sends."""
+
+    def __init__(
+        self, topo: Topology, slowdown: Callable[[SocketId, SocketId], float] | None = None
+    ):
+        self.topo = topo
+        self._slowdown = slowdown
+        self._states: dict[tuple[SocketId, SocketId | None], LinkState] = {}
+
+    def state(self, src: SocketId, dst: SocketId) -> LinkState:
+        switched = src.node == dst.node and self.topo.platform.node.fabric == "switch"
+        key = (src, None) if switched else (src, dst)
+        st = self._states.get(key)
+        if st is None:
+            factor = 1.0 if self._slowdown is None else self._slowdown(src, dst)
+            st = LinkState(Route.over(self.topo.path(src, dst)), factor)
+            self._states[key] = st
+        return st
+
+
+def simulate(topo: Topology, schedule: Schedule, start_ns: int = 0) -> dict[SocketId, int]:
+    """Run a schedule on fresh links with every member starting at `start_ns`; the clock
+    of every member at the end, in ns."""
+    links = Links(topo)
+    clocks: dict[SocketId, int] = {}
+    for step in schedule:
+        for s in step:
+            clocks.setdefault(s.src, start_ns)
+            clocks.setdefault(s.dst, start_ns)
+        arrivals: dict[SocketId, int] = {}
+        for s in step:
+            _, arrival = links.state(s.src, s.dst).transmit(clocks[s.src], s.nbytes)
+            arrivals[s.dst] = max(arrivals.get(s.dst, 0), arrival)
+        for dst, arrival in arrivals.items():
+            clocks[dst] = max(clocks[dst], arrival)
+    return clocks
+
+
+def cost(topo: Topology, schedule: Schedule) -> Cost:
+    """Emulated time of a schedule, split into a latency part (each step's slowest hop
+    latency, what a fused kernel pays serially) and the rest (which it can overlap)."""
+    if not schedule:
         return ZERO
-    bandwidth = min(link.bandwidth_bytes_per_s for link in links)
-    return Cost(sum(link.latency_ns for link in links) * NS, nbytes / bandwidth)
+    total = max(simulate(topo, schedule).values()) * NS
+    latency = (
+        sum(max(Route.over(topo.path(s.src, s.dst)).latency_ns for s in step) for step in schedule)
+        * NS
+    )
+    latency = min(latency, total)
+    return Cost(latency, total - latency)
 
 
-def transfer(topo: Topology, src: SocketId, dst: SocketId, nbytes: float) -> Cost:
-    return link_cost(topo.path(src, dst), nbytes)
+# ------------------------------------------------------------------ schedules
 
 
-def _ring_step(topo: Topology, ring: list[SocketId], chunk: float) -> Cost:
-    """One step of a ring: every member sends `chunk` to its successor at once."""
-    steps = [transfer(topo, a, ring[(i + 1) % len(ring)], chunk) for i, a in enumerate(ring)]
-    return max(steps, key=lambda c: c.total_s)
+def _check(topo: Topology, group: list[SocketId]) -> None:
+    if not group:
+        raise InvalidRequest("a collective needs at least one member")
+    for s in group:
+        topo.check(s)
+    if len(set(group)) != len(group):
+        raise InvalidRequest("a collective group lists a socket twice")
 
 
-def ring_all_reduce(topo: Topology, group: list[SocketId], nbytes: float) -> Cost:
-    """Reduce-scatter then all-gather around a ring: 2(N-1) steps of nbytes/N each."""
-    n = len(group)
+def _by_node(group: Iterable[SocketId]) -> dict[int, list[SocketId]]:
+    nodes: dict[int, list[SocketId]] = {}
+    for s in sorted(group):
+        nodes.setdefault(s.node, []).append(s)
+    return nodes
+
+
+def rail_aligned(group: list[SocketId]) -> bool:
+    """Every node of the group holds the same socket indices, so each member has a rail
+    peer in every other node: what direct and two-shot need across nodes."""
+    nodes = _by_node(group)
+    indices = {tuple(s.index for s in members) for members in nodes.values()}
+    return len(indices) == 1
+
+
+def ring_all_reduce(
+    topo: Topology, group: list[SocketId], elements: int, itemsize: int
+) -> Schedule:
+    """Reduce-scatter then all-gather around `topo.ring(group)`: member p first sends chunk
+    (p - s) mod N and the receiver adds it; then chunk (p + 1 - s) mod N, copied."""
+    _check(topo, group)
+    ring = topo.ring(group)
+    n = len(ring)
     if n == 1:
-        return ZERO
-    return _ring_step(topo, topo.ring(group), nbytes / n).scaled(2 * (n - 1))
+        return ()
+    sizes = [e * itemsize for e in split(elements, n)]
+    steps: list[Step] = []
+    for phase_reduce, offset in ((True, 0), (False, 1)):
+        for s in range(n - 1):
+            steps.append(
+                tuple(
+                    Send(
+                        ring[p],
+                        ring[(p + 1) % n],
+                        sizes[(p + offset - s) % n],
+                        (p + offset - s) % n,
+                        phase_reduce,
+                    )
+                    for p in range(n)
+                )
+            )
+    return tuple(steps)
 
 
-def direct_all_reduce(topo: Topology, group: list[SocketId], nbytes: float) -> Cost:
-    """One-shot: every member sends its whole buffer to each peer of its node (one hop),
-    then, across nodes, to its rail peers (one more hop), and reduces what it receives.
-    Latency is one hop per level. On a mesh the sends to different peers use different
-    links; on a switch they share the socket's port, which then carries peers x buffer
-    (so there the ring wins once messages are large)."""
+def _rail_step(group: list[SocketId], chunk_of: Callable[[SocketId], tuple[int, int]]) -> Step:
+    """Every member sends (chunk, nbytes) = chunk_of(member) to its rail peers."""
+    nodes = _by_node(group)
+    sends = []
+    for s in group:
+        chunk, nbytes = chunk_of(s)
+        for node, members in nodes.items():
+            if node != s.node:
+                peer = next(m for m in members if m.index == s.index)
+                sends.append(Send(s, peer, nbytes, chunk, True))
+    return tuple(sends)
+
+
+def direct_all_reduce(
+    topo: Topology, group: list[SocketId], elements: int, itemsize: int
+) -> Schedule:
+    """One-shot: every member sends its whole buffer to each peer of its node, each adds
+    what it receives; across nodes, members then exchange node sums with rail peers."""
+    _check(topo, group)
     if len(group) == 1:
-        return ZERO
-    cost = ZERO
-    peers = max(sum(1 for t in group if t.node == s.node) - 1 for s in group)
-    if peers:
-        hop = link_cost([topo.platform.node.intra_node_link], nbytes)
-        shared = peers if topo.platform.node.fabric == "switch" else 1
-        cost += Cost(hop.latency_s, shared * hop.bandwidth_s)
-    nodes = topo.nodes_of(group)
-    if nodes > 1:
-        hop = link_cost([topo.platform.inter_node_link], nbytes)
-        cost += Cost(hop.latency_s, (nodes - 1) * hop.bandwidth_s)
-    return cost
+        return ()
+    nbytes = elements * itemsize
+    nodes = _by_node(group)
+    steps: list[Step] = []
+    intra = tuple(
+        Send(s, t, nbytes) for members in nodes.values() for s in members for t in members if s != t
+    )
+    if intra:
+        steps.append(intra)
+    if len(nodes) > 1:
+        if not rail_aligned(group):
+            raise InvalidRequest("a direct all-reduce across nodes needs a rail-aligned group")
+        steps.append(_rail_step(group, lambda s: (WHOLE, nbytes)))
+    return tuple(steps)
 
 
-def two_shot_all_reduce(topo: Topology, group: list[SocketId], nbytes: float) -> Cost:
-    """Reduce-scatter, then all-gather, each as one direct exchange: a member sends the
-    peer-th 1/N of its buffer to every peer at once, reduces its own 1/N, and sends the
-    result back the same way. Two hops; on a mesh each link carries bytes/N per hop,
-    on a switch the port carries (N-1)/N of the buffer. Between nodes the rails join
-    the node-level results in one more hop."""
-    n = len(group)
-    if n == 1:
-        return ZERO
-    per_node = max(sum(1 for t in group if t.node == s.node) for s in group)
-    cost = ZERO
+def two_shot_all_reduce(
+    topo: Topology, group: list[SocketId], elements: int, itemsize: int
+) -> Schedule:
+    """Direct reduce-scatter inside each node (the k-th member of a node owns chunk k),
+    rail exchange of the owned chunks, direct all-gather inside each node."""
+    _check(topo, group)
+    if len(group) == 1:
+        return ()
+    nodes = _by_node(group)
+    if len(nodes) > 1 and not rail_aligned(group):
+        raise InvalidRequest("a two-shot all-reduce across nodes needs a rail-aligned group")
+    per_node = len(next(iter(nodes.values())))
+    sizes = [e * itemsize for e in split(elements, per_node)]
+    rank = {s: k for members in nodes.values() for k, s in enumerate(members)}
+    steps: list[Step] = []
     if per_node > 1:
-        hop = link_cost([topo.platform.node.intra_node_link], nbytes / per_node)
-        shared = per_node - 1 if topo.platform.node.fabric == "switch" else 1
-        cost += Cost(hop.latency_s, shared * hop.bandwidth_s).scaled(2)
-    nodes = topo.nodes_of(group)
-    if nodes > 1:
-        # Each member exchanges its reduced 1/per_node share with its rail peers.
-        hop = link_cost([topo.platform.inter_node_link], nbytes / per_node)
-        cost += Cost(hop.latency_s, (nodes - 1) * hop.bandwidth_s)
-    return cost
+        steps.append(
+            tuple(
+                Send(s, t, sizes[rank[t]], rank[t], True)
+                for members in nodes.values()
+                for s in members
+                for t in members
+                if s != t
+            )
+        )
+    if len(nodes) > 1:
+        steps.append(_rail_step(group, lambda s: (rank[s], sizes[rank[s]])))
+    if per_node > 1:
+        steps.append(
+            tuple(
+                Send(s, t, sizes[rank[s]], rank[s], False)
+                for members in nodes.values()
+                for s in members
+                for t in members
+                if s != t
+            )
+        )
+    return tuple(steps)
 
 
-ALGORITHMS = {
+ALL_REDUCE = {
     Algorithm.RING: ring_all_reduce,
     Algorithm.DIRECT: direct_all_reduce,
     Algorithm.TWO_SHOT: two_shot_all_reduce,
 }
 
 
+def all_reduce_schedule(
+    topo: Topology,
+    group: list[SocketId],
+    elements: int,
+    itemsize: int,
+    algorithm: Algorithm = Algorithm.AUTO,
+) -> Schedule:
+    if elements < 0:
+        raise InvalidRequest(f"all-reduce of {elements} elements")
+    if algorithm is not Algorithm.AUTO:
+        return ALL_REDUCE[algorithm](topo, group, elements, itemsize)
+    candidates = [ring_all_reduce(topo, group, elements, itemsize)]
+    if len(_by_node(group)) == 1 or rail_aligned(group):
+        candidates += [
+            f(topo, group, elements, itemsize) for f in (direct_all_reduce, two_shot_all_reduce)
+        ]
+    return min(candidates, key=lambda sch: max(simulate(topo, sch).values(), default=0))
+
+
+def broadcast_schedule(
+    topo: Topology, group: list[SocketId], root: SocketId, elements: int, itemsize: int
+) -> Schedule:
+    """Pipelined ring broadcast in N chunks: in step k the member at ring position p
+    forwards chunk k - p to the next."""
+    _check(topo, group)
+    if root not in group:
+        raise InvalidRequest(f"broadcast root {root} is not in the group")
+    ring = topo.ring(group)
+    n = len(ring)
+    if n == 1:
+        return ()
+    start = ring.index(root)
+    ring = ring[start:] + ring[:start]
+    sizes = [e * itemsize for e in split(elements, n)]
+    return tuple(
+        tuple(
+            Send(ring[p], ring[p + 1], sizes[k - p], k - p, False)
+            for p in range(n - 1)
+            if 0 <= k - p < n
+        )
+        for k in range(2 * n - 2)
+    )
+
+
+def all_gather_schedule(
+    topo: Topology, group: list[SocketId], elements_per_member: int, itemsize: int
+) -> Schedule:
+    """Ring all-gather: in step s the member at ring position p forwards block (p - s)
+    mod N, the block of the member at that position."""
+    _check(topo, group)
+    ring = topo.ring(group)
+    n = len(ring)
+    nbytes = elements_per_member * itemsize
+    return tuple(
+        tuple(Send(ring[p], ring[(p + 1) % n], nbytes, (p - s) % n, False) for p in range(n))
+        for s in range(n - 1)
+    )
+
+
+def barrier_schedule(topo: Topology, group: list[SocketId]) -> Schedule:
+    """A zero-byte one-shot exchange: every member hears from every other."""
+    if len(_by_node(group)) > 1 and not rail_aligned(group):
+        return ring_all_reduce(topo, group, 0, 1)
+    return direct_all_reduce(topo, group, 0, 1)
+
+
+# ------------------------------------------------------------------ costs (predictor)
+
+
 def all_reduce(
-    topo: Topology, group: list[SocketId], nbytes: float, algorithm: Algorithm = Algorithm.AUTO
+    topo: Topology,
+    group: list[SocketId],
+    nbytes: float,
+    algorithm: Algorithm = Algorithm.AUTO,
+    itemsize: int = 2,
 ) -> Cost:
+    """Emulated time of an all-reduce of `nbytes` (BF16 elements by default)."""
+    elements = int(-(-nbytes // itemsize)) if nbytes > 0 else 0
     if nbytes < 0:
         raise InvalidRequest(f"all-reduce of {nbytes} bytes")
-    if algorithm is not Algorithm.AUTO:
-        return ALGORITHMS[algorithm](topo, group, nbytes)
-    return min((f(topo, group, nbytes) for f in ALGORITHMS.values()), key=lambda c: c.total_s)
+    return cost(topo, all_reduce_schedule(topo, group, elements, itemsize, algorithm))
 
 
 def broadcast(topo: Topology, group: list[SocketId], root: SocketId, nbytes: float) -> Cost:
-    """Pipelined ring broadcast from `root` in N chunks: (N-1) + (N-1) chunk steps."""
-    n = len(group)
-    if root not in group:
-        raise InvalidRequest(f"broadcast root {root} is not in the group")
-    if n == 1:
-        return ZERO
-    ring = topo.ring(group)
-    start = ring.index(root)
-    ring = ring[start:] + ring[:start]
-    chunk = nbytes / n
-    return _ring_step(topo, ring, chunk).scaled(2 * (n - 1))
+    return cost(topo, broadcast_schedule(topo, group, root, int(nbytes), 1))
 
 
 def all_gather(topo: Topology, group: list[SocketId], nbytes_per_member: float) -> Cost:
-    """Ring all-gather: N-1 steps, each forwarding one member's buffer."""
-    n = len(group)
-    if n == 1:
-        return ZERO
-    return _ring_step(topo, topo.ring(group), nbytes_per_member).scaled(n - 1)
+    return cost(topo, all_gather_schedule(topo, group, int(nbytes_per_member), 1))
 
 
 def barrier(topo: Topology, group: list[SocketId]) -> Cost:
-    """A zero-byte direct all-reduce: one hop per level."""
-    return direct_all_reduce(topo, group, 0.0)
+    return cost(topo, barrier_schedule(topo, group))
+
+
+def transfer(topo: Topology, src: SocketId, dst: SocketId, nbytes: float) -> Cost:
+    return cost(topo, ((Send(src, dst, int(nbytes)),),)) if src != dst else ZERO
