@@ -1,1 +1,15 @@
-"""rdurack: an emulated rack of SN40L-style RDU sockets."""
+"""rdurack: an emulated rack of SN40L-style RDU sockets.
+
+Ray reads its environment when it is imported, and without these settings it binds to
+every interface and sends usage statistics. rdurack must stay on loopback, so importing
+rdurack sets them (as defaults: a user's own values win) before any module imports Ray.
+"""
+
+import os as _os
+
+for _key, _value in (
+    ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0"),
+    ("RAY_USAGE_STATS_ENABLED", "0"),
+    ("RAY_AUTH_MODE", "disabled"),
+):
+    _os.environ.setdefault(_key, _value)

@@ -6,9 +6,9 @@ arrival. Each transfer follows the one rule of rack/links.py. The predictor *sim
 a schedule here; the socket actors *execute* the same schedule over their gRPC links,
 with real bytes or descriptors, so the two give the same emulated time.
 
-A Send names the chunk it carries (an index into the buffer split in equal parts, or the
-whole buffer) and whether the receiver reduces it into its own or copies it, which is
-all the functional executor needs.
+A Send names the chunk it carries (index `chunk` of the buffer split into `parts` nearly
+equal parts, or the whole buffer) and whether the receiver reduces it into its own or
+copies it, which is all the functional executor needs.
 
 Algorithms:
   ring      2(N-1) steps of bytes/N around a ring (reduce-scatter, then all-gather)
@@ -45,6 +45,11 @@ class Send:
     nbytes: int
     chunk: int = WHOLE  # which part of the buffer travels (WHOLE: all of it)
     reduce: bool = True  # the receiver adds it into its own; False: copies it
+    parts: int = 1  # the buffer is split (see `split`) into this many parts
+
+    def __post_init__(self) -> None:
+        if self.chunk != WHOLE and not 0 <= self.chunk < self.parts:
+            raise InvalidRequest(f"chunk {self.chunk} of a buffer in {self.parts} parts")
 
 
 Step = tuple[Send, ...]
@@ -176,6 +181,7 @@ def ring_all_reduce(
                         sizes[(p + offset - s) % n],
                         (p + offset - s) % n,
                         phase_reduce,
+                        n,
                     )
                     for p in range(n)
                 )
@@ -183,7 +189,9 @@ def ring_all_reduce(
     return tuple(steps)
 
 
-def _rail_step(group: list[SocketId], chunk_of: Callable[[SocketId], tuple[int, int]]) -> Step:
+def _rail_step(
+    group: list[SocketId], chunk_of: Callable[[SocketId], tuple[int, int]], parts: int
+) -> Step:
     """Every member sends (chunk, nbytes) = chunk_of(member) to its rail peers."""
     nodes = _by_node(group)
     sends = []
@@ -192,7 +200,7 @@ def _rail_step(group: list[SocketId], chunk_of: Callable[[SocketId], tuple[int, 
         for node, members in nodes.items():
             if node != s.node:
                 peer = next(m for m in members if m.index == s.index)
-                sends.append(Send(s, peer, nbytes, chunk, True))
+                sends.append(Send(s, peer, nbytes, chunk, True, parts))
     return tuple(sends)
 
 
@@ -215,7 +223,7 @@ def direct_all_reduce(
     if len(nodes) > 1:
         if not rail_aligned(group):
             raise InvalidRequest("a direct all-reduce across nodes needs a rail-aligned group")
-        steps.append(_rail_step(group, lambda s: (WHOLE, nbytes)))
+        steps.append(_rail_step(group, lambda s: (WHOLE, nbytes), 1))
     return tuple(steps)
 
 
@@ -237,7 +245,7 @@ def two_shot_all_reduce(
     if per_node > 1:
         steps.append(
             tuple(
-                Send(s, t, sizes[rank[t]], rank[t], True)
+                Send(s, t, sizes[rank[t]], rank[t], True, per_node)
                 for members in nodes.values()
                 for s in members
                 for t in members
@@ -245,11 +253,11 @@ def two_shot_all_reduce(
             )
         )
     if len(nodes) > 1:
-        steps.append(_rail_step(group, lambda s: (rank[s], sizes[rank[s]])))
+        steps.append(_rail_step(group, lambda s: (rank[s], sizes[rank[s]]), per_node))
     if per_node > 1:
         steps.append(
             tuple(
-                Send(s, t, sizes[rank[s]], rank[s], False)
+                Send(s, t, sizes[rank[s]], rank[s], False, per_node)
                 for members in nodes.values()
                 for s in members
                 for t in members
@@ -302,7 +310,7 @@ def broadcast_schedule(
     sizes = [e * itemsize for e in split(elements, n)]
     return tuple(
         tuple(
-            Send(ring[p], ring[p + 1], sizes[k - p], k - p, False)
+            Send(ring[p], ring[p + 1], sizes[k - p], k - p, False, n)
             for p in range(n - 1)
             if 0 <= k - p < n
         )
@@ -320,7 +328,7 @@ def all_gather_schedule(
     n = len(ring)
     nbytes = elements_per_member * itemsize
     return tuple(
-        tuple(Send(ring[p], ring[(p + 1) % n], nbytes, (p - s) % n, False) for p in range(n))
+        tuple(Send(ring[p], ring[(p + 1) % n], nbytes, (p - s) % n, False, n) for p in range(n))
         for s in range(n - 1)
     )
 

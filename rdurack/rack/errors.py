@@ -16,10 +16,15 @@ class OutOfMemory(RdurackError):
         self.asked_bytes = asked_bytes
         self.free_bytes = free_bytes
         label = f" for {what}" if what else ""
+        self.what = what
         super().__init__(
             f"{socket}: {tier.upper()} cannot hold {asked_bytes:,} bytes{label}: "
             f"{free_bytes:,} bytes free"
         )
+
+    def __reduce__(self) -> tuple[type, tuple[str, str, int, int, str]]:
+        # Errors cross process boundaries (Ray actors): rebuild from the fields.
+        return (type(self), (self.socket, self.tier, self.asked_bytes, self.free_bytes, self.what))
 
 
 class UnknownName(RdurackError, KeyError):
@@ -35,6 +40,28 @@ class UnknownName(RdurackError, KeyError):
     def __str__(self) -> str:  # KeyError would quote the message
         return str(self.args[0])
 
+    def __reduce__(self) -> tuple[type, tuple[str, str, list[str]]]:
+        return (type(self), (self.kind, self.name, self.accepted))
+
 
 class InvalidRequest(RdurackError, ValueError):
     """A request that is well-formed but impossible (zero sockets, more sockets than exist)."""
+
+
+class SocketBusy(RdurackError):
+    """A socket serves one job at a time; another job asked for it."""
+
+    def __init__(self, socket: str, holder: str, asked_by: str):
+        self.socket, self.holder, self.asked_by = socket, holder, asked_by
+        super().__init__(
+            f"{socket} is held by job {holder!r}; job {asked_by!r} cannot use it: a socket "
+            "serves one job at a time (two processes on one RDU contend in ways its "
+            "dataflow engine cannot resolve)"
+        )
+
+    def __reduce__(self) -> tuple[type, tuple[str, str, str]]:
+        return (type(self), (self.socket, self.holder, self.asked_by))
+
+
+class LinkFailure(RdurackError):
+    """A link is down, a peer does not answer, or an expected message never came."""

@@ -1,0 +1,33 @@
+"""The one place that turns the plain Socket class into a Ray actor.
+
+num_cpus=0: sixteen sockets share the host's cores; each actor is mostly waiting on its
+links. One call runs at a time, so a socket's state needs no locks; its gRPC link
+server runs on its own threads and only touches the thread-safe mailbox.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import ray
+
+from rdurack.node_agent.socket import Socket
+
+SocketActor: Any = ray.remote(num_cpus=0, max_restarts=0)(Socket)
+
+
+def start_ray(address: str | None = None) -> None:
+    """Join the Ray cluster at `address`, or start a local one. Its processes stay on
+    loopback because importing rdurack set Ray's environment (rdurack/__init__.py)."""
+    if ray.is_initialized():
+        return
+    if address:
+        ray.init(address=address, namespace="rdurack", logging_level=logging.WARNING)
+    else:
+        ray.init(
+            namespace="rdurack",
+            include_dashboard=False,
+            logging_level=logging.WARNING,
+            log_to_driver=False,
+        )

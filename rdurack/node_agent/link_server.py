@@ -1,0 +1,498 @@
+"""One socket's end of its links: a rdurack.v1.LinkService server and clients to peers.
+
+The data plane between emulated sockets. A transfer is one client-streaming `Transfer`
+call: a TransferHeader, then the payload in CHUNK_BYTES slices (no data at all in timing
+mode). The receiving server puts it in the socket's Mailbox, where the socket's own
+thread takes it by (collective tag, step, sender).
+
+Emulated time never depends on the wire: the sender prices the transfer with its own
+link model and stamps the arrival (ns) in the header; the receiver's clock moves to it
+when the socket consumes the message. Wall time only bounds how long a call may take
+(`timeout_s`).
+
+Threads: the gRPC server runs its handlers on its own pool and touches only the
+thread-safe Mailbox and the endpoint's lock-protected state; `send_all` fans transfers out
+on a second small pool. Every failure the caller sees is a LinkFailure (link or peer
+trouble) or an InvalidRequest (bad arguments), never a raw grpc.RpcError.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent import futures
+from dataclasses import dataclass
+from typing import NoReturn
+
+import grpc
+
+from rdurack.node_agent.mailbox import Mailbox, Message
+from rdurack.rack.errors import InvalidRequest, LinkFailure
+from rdurack.v1 import link_pb2, link_pb2_grpc
+
+# Data bytes per stream message (1 MiB). Streaming in chunks bounds the memory each
+# in-flight message needs on both ends (one chunk, not the whole tensor, per protobuf
+# message) and lets the receiver copy chunk k while chunk k+1 is on the wire. It never
+# changes emulated time: the sender computes the arrival from the whole size.
+CHUNK_BYTES = 1 << 20
+# Largest single gRPC message allowed on server and channels (64 MiB). Chunks stay far
+# below it; the limit is raised above gRPC's 4 MB default anyway (DESIGN.md conventions)
+# so a header with a long shape or a future larger chunk size is not refused.
+MAX_MESSAGE_BYTES = 64 << 20
+_SIZE_OPTIONS: tuple[tuple[str, int], ...] = (
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+)
+# gRPC binds with SO_REUSEPORT by default: a second endpoint on an explicit port that is
+# taken would silently share it and receive half of another socket's transfers. Off, the
+# bind fails loudly instead.
+_SERVER_OPTIONS: tuple[tuple[str, int], ...] = (*_SIZE_OPTIONS, ("grpc.so_reuseport", 0))
+# Transfer ids remembered per receiver to refuse a duplicate (ALREADY_EXISTS, link.proto).
+# Bounded so a long-running socket's memory does not grow; a duplicate only comes from a
+# retry, which follows its original within far fewer transfers than this.
+_RECENT_TRANSFER_IDS = 4096
+# Largest collective_step the header's uint32 field holds.
+_MAX_STEP = (1 << 32) - 1
+# Largest value the header's uint64 fields (bytes, ns) hold.
+_MAX_U64 = (1 << 64) - 1
+
+
+@dataclass(frozen=True, slots=True)
+class OutgoingTransfer:
+    """One transfer for `LinkEndpoint.send_all`; the fields are `send`'s arguments."""
+
+    dst: str  # receiving socket id
+    tag: str  # collective tag; "" for point-to-point
+    step: int  # step within the collective (uint32)
+    send_ns: int  # sender's emulated clock at issue, ns
+    arrival_ns: int  # emulated arrival from the sender's link model, ns
+    nbytes: int  # size the link model charged, bytes; equals the payload's size if any
+    payload: bytes | memoryview | None = None  # None: timing mode, nothing travels
+    dtype: str = ""  # numpy dtype name of the payload
+    shape: tuple[int, ...] = ()  # elements per dimension of the payload
+
+
+class LinkEndpoint:
+    """A socket's link server plus lazily opened, reused channels to its peers."""
+
+    def __init__(
+        self,
+        socket_id: str,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        clock_ns: Callable[[], int] = lambda: 0,
+        workers: int = 16,
+    ) -> None:
+        """Start serving on `host:port` (port 0: a free port the OS picks).
+
+        `clock_ns` reads the socket's emulated clock (ns) for Ping. `workers` bounds both
+        the concurrent incoming transfers (server threads; each streaming transfer holds
+        one for its duration) and the concurrent outgoing ones of `send_all`.
+        """
+        if workers < 1:
+            raise InvalidRequest(f"{socket_id}: workers must be >= 1, got {workers}")
+        if not 0 <= port <= 65535:
+            raise InvalidRequest(f"{socket_id}: port must be in 0..65535, got {port}")
+        self.socket_id = socket_id
+        self.mailbox = Mailbox(socket_id)
+        self._clock_ns = clock_ns
+        # Guards peers, channels, link faults, the id counter and the closed flag:
+        # send_all's threads and the caller's thread use them concurrently.
+        self._lock = threading.Lock()
+        self._peers: dict[str, str] = {}  # peer socket id -> "host:port"
+        self._channels: dict[str, tuple[grpc.Channel, link_pb2_grpc.LinkServiceStub]] = {}
+        self._down: set[str] = set()  # peers whose link from here is marked down
+        self._ids = itertools.count()
+        self._closed = False
+        self._recent_lock = threading.Lock()
+        self._recent_ids: OrderedDict[str, None] = OrderedDict()
+        self._send_pool = futures.ThreadPoolExecutor(
+            max_workers=workers, thread_name_prefix=f"{socket_id}-send"
+        )
+        self._server_pool = futures.ThreadPoolExecutor(
+            max_workers=workers, thread_name_prefix=f"{socket_id}-link"
+        )
+        self._server = grpc.server(self._server_pool, options=list(_SERVER_OPTIONS))
+        link_pb2_grpc.add_LinkServiceServicer_to_server(_LinkServicer(self), self._server)
+        try:
+            bound = int(self._server.add_insecure_port(f"{host}:{port}"))
+        except RuntimeError:  # grpc >= 1.5x raises; older versions return 0
+            bound = 0
+        if bound == 0:
+            self._send_pool.shutdown(wait=False)
+            self._server_pool.shutdown(wait=False)
+            raise LinkFailure(
+                f"{socket_id}: cannot serve links on {host}:{port} "
+                "(port taken, or the host is not an address of this machine)"
+            )
+        self.address = f"{host}:{bound}"
+        self._server.start()
+
+    # ------------------------------------------------------------------ peers, faults
+
+    def connect(self, peers: Mapping[str, str]) -> None:
+        """Learn (or update) peer socket id -> link address ("host:port").
+
+        Channels open on first use and are reused; a peer whose address changed gets a
+        fresh channel."""
+        stale: list[grpc.Channel] = []
+        with self._lock:
+            for peer, address in peers.items():
+                if not address:
+                    raise InvalidRequest(f"{self.socket_id}: empty link address for {peer}")
+                if self._peers.get(peer) != address and peer in self._channels:
+                    stale.append(self._channels.pop(peer)[0])
+                self._peers[peer] = address
+        for channel in stale:
+            channel.close()
+
+    def peers(self) -> dict[str, str]:
+        """The known peers: socket id -> link address."""
+        with self._lock:
+            return dict(self._peers)
+
+    def set_link_down(self, dst: str, down: bool = True) -> None:
+        """Fault hook: while down, every transfer and ping from here to `dst` fails at
+        once with LinkFailure, and nothing reaches `dst`."""
+        with self._lock:
+            if down:
+                self._down.add(dst)
+            else:
+                self._down.discard(dst)
+
+    def link_down(self, dst: str) -> bool:
+        with self._lock:
+            return dst in self._down
+
+    # ------------------------------------------------------------------ sending
+
+    def send(
+        self,
+        dst: str,
+        tag: str,
+        step: int,
+        send_ns: int,
+        arrival_ns: int,
+        nbytes: int,
+        payload: bytes | memoryview | None,
+        dtype: str = "",
+        shape: tuple[int, ...] = (),
+        timeout_s: float = 30.0,
+    ) -> int:
+        """Send one transfer to `dst` and wait for its acknowledgement.
+
+        `payload` None is timing mode: only the header travels, declaring `nbytes`.
+        Returns the payload bytes the receiver got (0 in timing mode). Raises LinkFailure
+        when the link is down, `dst` is unknown or the call fails within `timeout_s`
+        seconds (wall time)."""
+        transfer = OutgoingTransfer(
+            dst, tag, step, send_ns, arrival_ns, nbytes, payload, dtype, tuple(shape)
+        )
+        _check_timeout(self.socket_id, timeout_s)
+        return self._send(transfer, self._check(transfer), timeout_s)
+
+    def send_all(self, sends: Sequence[OutgoingTransfer], timeout_s: float = 30.0) -> list[int]:
+        """Send several transfers concurrently; return their received byte counts in order.
+
+        Every argument is checked before anything goes out. All transfers run to
+        completion or failure; then the first failure (in `sends` order) is raised."""
+        _check_timeout(self.socket_id, timeout_s)
+        checked = [(t, self._check(t)) for t in sends]
+        if len(checked) == 1:  # no thread hop for the common ring step
+            return [self._send(checked[0][0], checked[0][1], timeout_s)]
+        try:
+            pending = [self._send_pool.submit(self._send, t, d, timeout_s) for t, d in checked]
+        except RuntimeError:  # the pool was shut down: close() ran concurrently
+            raise LinkFailure(f"{self.socket_id}: the link endpoint is closed") from None
+        futures.wait(pending)
+        errors = [(t, f.exception()) for t, f in zip(sends, pending, strict=True)]
+        failed = [(t, e) for t, e in errors if e is not None]
+        if failed:
+            first = failed[0][1]
+            assert first is not None
+            if len(failed) == 1:
+                raise first
+            others = ", ".join(f"{t.dst} step {t.step}" for t, _ in failed[1:])
+            raise LinkFailure(f"{first} (also failed: {others})") from first
+        return [f.result() for f in pending]
+
+    def _check(self, t: OutgoingTransfer) -> memoryview | None:
+        """Validate a transfer's arguments; return its payload as flat bytes, or None."""
+        where = f"{self.socket_id} -> {t.dst}"
+        if not t.dst:
+            raise InvalidRequest(f"{self.socket_id}: a transfer needs a destination socket id")
+        if not 0 <= t.step <= _MAX_STEP:
+            raise InvalidRequest(f"{where}: step must be in 0..{_MAX_STEP}, got {t.step}")
+        for name, value in (("send_ns", t.send_ns), ("arrival_ns", t.arrival_ns)):
+            if not 0 <= value <= _MAX_U64:
+                raise InvalidRequest(f"{where}: {name} must be a uint64 (ns), got {value}")
+        if t.arrival_ns < t.send_ns:
+            raise InvalidRequest(
+                f"{where}: arrival_ns {t.arrival_ns} is before send_ns {t.send_ns}"
+            )
+        if not 0 <= t.nbytes <= _MAX_U64:
+            raise InvalidRequest(f"{where}: nbytes must be >= 0, got {t.nbytes}")
+        if any(d < 0 for d in t.shape):
+            raise InvalidRequest(f"{where}: shape {t.shape} has a negative dimension")
+        if t.payload is None:
+            return None
+        view = memoryview(t.payload)
+        if not view.c_contiguous:
+            raise InvalidRequest(f"{where}: payload must be C-contiguous")
+        # Flat bytes without copying, whatever the exporter's format (e.g. float32).
+        flat = view.cast("B") if view.ndim != 1 or view.format != "B" else view
+        if flat.nbytes != t.nbytes:
+            raise InvalidRequest(
+                f"{where}: payload is {flat.nbytes:,} bytes but nbytes says {t.nbytes:,}"
+            )
+        return flat
+
+    def _send(self, t: OutgoingTransfer, data: memoryview | None, timeout_s: float) -> int:
+        what = f"{self.socket_id} -> {t.dst}: transfer {t.tag!r} step {t.step}"
+        with self._lock:
+            if self._closed:
+                raise LinkFailure(f"{what} failed: this link endpoint is closed")
+            if t.dst in self._down:
+                raise LinkFailure(f"{what} dropped: the link is down (fault injected)")
+            stub = self._stub_locked(t.dst)
+            transfer_id = f"{self.socket_id}-{next(self._ids)}"
+            address = self._peers[t.dst]
+        header = link_pb2.TransferHeader(
+            transfer_id=transfer_id,
+            src_socket_id=self.socket_id,
+            dst_socket_id=t.dst,
+            total_bytes=t.nbytes,
+            emulated_send_ns=t.send_ns,
+            collective_tag=t.tag,
+            collective_step=t.step,
+            dtype=t.dtype,
+            shape=t.shape,
+            timing_only=data is None,
+            emulated_arrival_ns=t.arrival_ns,
+        )
+        try:
+            ack = stub.Transfer(_chunks(header, data), timeout=timeout_s)
+        except grpc.RpcError as e:
+            raise LinkFailure(_rpc_failure(what, e, t.dst, address, timeout_s)) from None
+        return int(ack.bytes_received)
+
+    def _stub_locked(self, dst: str) -> link_pb2_grpc.LinkServiceStub:
+        """The reused stub for `dst`; call with self._lock held."""
+        entry = self._channels.get(dst)
+        if entry is None:
+            address = self._peers.get(dst)
+            if address is None:
+                known = ", ".join(sorted(self._peers)) or "none (call connect first)"
+                raise LinkFailure(
+                    f"{self.socket_id} -> {dst}: {dst!r} is not a connected peer; "
+                    f"known peers: {known}"
+                )
+            channel = grpc.insecure_channel(address, options=list(_SIZE_OPTIONS))
+            entry = (channel, link_pb2_grpc.LinkServiceStub(channel))
+            self._channels[dst] = entry
+        return entry[1]
+
+    # ------------------------------------------------------------------ receiving, probing
+
+    def receive(self, tag: str, step: int, src: str, timeout_s: float) -> Message:
+        """The message (tag, step, src), waiting up to `timeout_s` seconds (wall time)."""
+        return self.mailbox.take(tag, step, src, timeout_s)
+
+    def ping(self, dst: str, timeout_s: float = 5.0) -> tuple[str, int]:
+        """(peer socket id, peer emulated clock in ns), over the link to `dst`."""
+        _check_timeout(self.socket_id, timeout_s)
+        what = f"{self.socket_id} -> {dst}: ping"
+        with self._lock:
+            if self._closed:
+                raise LinkFailure(f"{what} failed: this link endpoint is closed")
+            if dst in self._down:
+                raise LinkFailure(f"{what} dropped: the link is down (fault injected)")
+            stub = self._stub_locked(dst)
+            address = self._peers[dst]
+        try:
+            reply = stub.Ping(link_pb2.PingRequest(src_socket_id=self.socket_id), timeout=timeout_s)
+        except grpc.RpcError as e:
+            raise LinkFailure(_rpc_failure(what, e, dst, address, timeout_s)) from None
+        return str(reply.socket_id), int(reply.emulated_clock_ns)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def close(self) -> None:
+        """Stop serving at once (in-flight incoming transfers are cancelled), close the
+        channels and the send pool. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            channels = [channel for channel, _ in self._channels.values()]
+            self._channels.clear()
+        self._server.stop(0).wait()
+        for channel in channels:
+            channel.close()  # cancels in-flight sends: they fail as LinkFailure
+        self._send_pool.shutdown(wait=False, cancel_futures=True)
+        self._server_pool.shutdown(wait=False, cancel_futures=True)
+
+    def __enter__(self) -> LinkEndpoint:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ server side
+
+    def _remember(self, transfer_id: str) -> bool:
+        """Record `transfer_id`; False if it was seen recently (a duplicate)."""
+        with self._recent_lock:
+            if transfer_id in self._recent_ids:
+                return False
+            self._recent_ids[transfer_id] = None
+            if len(self._recent_ids) > _RECENT_TRANSFER_IDS:
+                self._recent_ids.popitem(last=False)
+            return True
+
+
+class _LinkServicer(link_pb2_grpc.LinkServiceServicer):
+    """LinkService of one endpoint; runs on the gRPC server's threads."""
+
+    def __init__(self, endpoint: LinkEndpoint) -> None:
+        self._endpoint = endpoint
+
+    def Transfer(  # noqa: N802 (gRPC method name)
+        self,
+        request_iterator: Iterator[link_pb2.TransferChunk],
+        context: grpc.ServicerContext,
+    ) -> link_pb2.TransferAck:
+        me = self._endpoint.socket_id
+        invalid = grpc.StatusCode.INVALID_ARGUMENT
+        first = next(request_iterator, None)
+        kind = None if first is None else first.WhichOneof("chunk")
+        if first is None or kind != "header":
+            got = "an empty stream" if first is None else f"a {kind or 'empty'} chunk"
+            _abort(context, invalid, f"{me}: the first chunk must be a header, got {got}")
+        h = first.header
+        if h.dst_socket_id != me:
+            # Checked before the data is read: a misrouted transfer costs no copy.
+            _abort(
+                context,
+                invalid,
+                f"{me}: transfer {h.transfer_id} from {h.src_socket_id} is addressed to "
+                f"{h.dst_socket_id!r} (header.dst_socket_id), not to this socket {me}",
+            )
+        if not self._endpoint._remember(h.transfer_id):
+            _abort(
+                context,
+                grpc.StatusCode.ALREADY_EXISTS,
+                f"{me}: transfer {h.transfer_id} from {h.src_socket_id} was already received",
+            )
+        total = h.total_bytes
+        buf: bytearray | None = None
+        if not h.timing_only:
+            try:
+                buf = bytearray(total)  # one allocation; chunks are copied into place
+            except MemoryError:
+                _abort(
+                    context,
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"{me}: cannot hold a {total:,}-byte transfer from {h.src_socket_id}",
+                )
+        received = 0
+        for chunk in request_iterator:
+            if chunk.WhichOneof("chunk") == "header":
+                _abort(context, invalid, f"{me}: a header repeated after the first chunk")
+            n = len(chunk.data)
+            if buf is None:
+                if n:
+                    _abort(
+                        context,
+                        invalid,
+                        f"{me}: timing-only transfer {h.transfer_id} from {h.src_socket_id} "
+                        "carries data",
+                    )
+                continue
+            if received + n > total:
+                _abort(
+                    context,
+                    invalid,
+                    f"{me}: transfer {h.transfer_id} from {h.src_socket_id} carries more "
+                    f"than the {total:,} bytes its header.total_bytes declares",
+                )
+            buf[received : received + n] = chunk.data
+            received += n
+        if buf is not None and received != total:
+            _abort(
+                context,
+                invalid,
+                f"{me}: transfer {h.transfer_id} from {h.src_socket_id} carried {received:,} "
+                f"bytes, header.total_bytes declares {total:,}",
+            )
+        message = Message(
+            src=h.src_socket_id,
+            tag=h.collective_tag,
+            step=h.collective_step,
+            arrival_ns=h.emulated_arrival_ns,
+            nbytes=total,
+            payload=None if buf is None else bytes(buf),
+            dtype=h.dtype,
+            shape=tuple(h.shape),
+        )
+        try:
+            self._endpoint.mailbox.put(message)
+        except LinkFailure as e:  # the same (tag, step, src) twice: a protocol error
+            _abort(context, grpc.StatusCode.ALREADY_EXISTS, str(e))
+        return link_pb2.TransferAck(
+            receiver_socket_id=me,
+            transfer_id=h.transfer_id,
+            emulated_arrival_ns=h.emulated_arrival_ns,
+            bytes_received=received,
+        )
+
+    def Ping(  # noqa: N802 (gRPC method name)
+        self, request: link_pb2.PingRequest, context: grpc.ServicerContext
+    ) -> link_pb2.PingResponse:
+        me = self._endpoint.socket_id
+        try:
+            now_ns = int(self._endpoint._clock_ns())
+        except Exception as e:  # the clock belongs to the socket; report, never UNKNOWN
+            _abort(context, grpc.StatusCode.INTERNAL, f"{me}: reading the clock failed: {e!r}")
+        return link_pb2.PingResponse(socket_id=me, emulated_clock_ns=now_ns)
+
+
+def _chunks(
+    header: link_pb2.TransferHeader, data: memoryview | None
+) -> Iterator[link_pb2.TransferChunk]:
+    """The request stream: the header, then the payload in CHUNK_BYTES slices.
+
+    Slicing the memoryview copies nothing; protobuf's bytes field accepts only bytes, so
+    each slice is copied once (1 MiB at a time), never the whole payload up front."""
+    yield link_pb2.TransferChunk(header=header)
+    if data is None:
+        return
+    for offset in range(0, len(data), CHUNK_BYTES):
+        yield link_pb2.TransferChunk(data=bytes(data[offset : offset + CHUNK_BYTES]))
+
+
+def _rpc_failure(what: str, e: grpc.RpcError, dst: str, address: str, timeout_s: float) -> str:
+    """A one-line cause for a failed link call, with the status code name."""
+    code = e.code() if isinstance(e, grpc.Call) else None
+    details = e.details() if isinstance(e, grpc.Call) else str(e)
+    name = code.name if code is not None else "RPC error"
+    if code == grpc.StatusCode.UNAVAILABLE:
+        hint = f"; is {dst}'s link server at {address} running?"
+    elif code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        hint = f"; no acknowledgement within {timeout_s} s"
+    else:
+        hint = ""
+    return f"{what} failed: {name}: {details}{hint}"
+
+
+def _check_timeout(socket_id: str, timeout_s: float) -> None:
+    if not timeout_s > 0:  # also refuses NaN
+        raise InvalidRequest(f"{socket_id}: timeout_s must be > 0, got {timeout_s}")
+
+
+def _abort(context: grpc.ServicerContext, code: grpc.StatusCode, details: str) -> NoReturn:
+    """End the call with `code`; context.abort raises, this says so to the type checker."""
+    context.abort(code, details)
+    raise AssertionError("unreachable: grpc.ServicerContext.abort raises")

@@ -1,0 +1,89 @@
+"""A socket's mailbox: transfers that arrived over its links, waiting to be consumed.
+
+The link server's threads put messages in; the socket's own thread takes them out by the
+key every collective schedule derives identically on both ends: (collective tag, step,
+sending socket). Arrival order on the wire does not matter, so a fast peer's step-3
+message can sit here while the socket still waits for a slow peer's step 2.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+
+from rdurack.rack.errors import InvalidRequest, LinkFailure
+
+# (collective tag, collective step, sending socket id): one message per key.
+Key = tuple[str, int, str]
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One received transfer, as the receiving socket consumes it."""
+
+    src: str  # sending socket id, e.g. "rdu-n0-s3"
+    tag: str  # collective tag; "" for point-to-point
+    step: int  # step within the collective
+    arrival_ns: int  # emulated arrival computed by the sender's link model, ns
+    nbytes: int  # declared size, bytes (what the link model charged)
+    payload: bytes | None  # the data; None for a timing-only transfer
+    dtype: str  # numpy dtype name of the payload, "" when none
+    shape: tuple[int, ...]  # elements per dimension; () when none
+
+
+class Mailbox:
+    """Thread-safe store of received messages, taken by exact (tag, step, src) key."""
+
+    def __init__(self, owner: str) -> None:
+        self.owner = owner  # the receiving socket's id, named in every error
+        self._messages: dict[Key, Message] = {}
+        self._cond = threading.Condition()
+
+    def put(self, msg: Message) -> None:
+        """Store `msg`; a second message with the same key is a protocol error."""
+        key = (msg.tag, msg.step, msg.src)
+        with self._cond:
+            if key in self._messages:
+                raise LinkFailure(
+                    f"{self.owner}: duplicate message from {msg.src} for {msg.tag!r} step "
+                    f"{msg.step} (protocol error: each collective step carries at most one "
+                    "message per sender)"
+                )
+            self._messages[key] = msg
+            # Every waiter re-checks its own key; waking one could wake the wrong one.
+            self._cond.notify_all()
+
+    def take(self, tag: str, step: int, src: str, timeout_s: float) -> Message:
+        """Block until the message (tag, step, src) is here, remove and return it.
+
+        Raises LinkFailure after `timeout_s` seconds (wall time) without it.
+        """
+        if not timeout_s >= 0:  # also refuses NaN
+            raise InvalidRequest(f"timeout_s must be >= 0, got {timeout_s}")
+        key = (tag, step, src)
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while key not in self._messages:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise LinkFailure(
+                        f"{self.owner}: no message from {src} for {tag!r} step {step} within "
+                        f"{timeout_s} s (is the sender alive and its link up?)"
+                    )
+                self._cond.wait(remaining)
+            return self._messages.pop(key)
+
+    def discard(self, tag: str) -> int:
+        """Drop every pending message of `tag` (cleanup after a failed collective), so a
+        retry under the same tag does not see stale data. Returns how many were dropped."""
+        with self._cond:
+            stale = [k for k in self._messages if k[0] == tag]
+            for k in stale:
+                del self._messages[k]
+            return len(stale)
+
+    def pending(self) -> int:
+        """Messages received and not yet taken."""
+        with self._cond:
+            return len(self._messages)

@@ -1,0 +1,433 @@
+"""One emulated RDU socket: tiered memory, an emulated clock, kernels and links.
+
+A plain class (Ray wraps it in node_agent/actors.py, the one place that knows Ray), so
+it is tested without Ray. A socket serves one job at a time. Kernels advance its clock
+by what the rack/ timing model says; collectives execute the schedules of
+rack/collectives.py over the socket's gRPC links, sending real bytes (functional mode)
+or sized descriptors (timing mode) and pricing every transfer with the link rule, so the
+emulated time equals the predictor's.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from rdurack.node_agent.link_server import LinkEndpoint, OutgoingTransfer
+from rdurack.rack.clock import EmulatedClock
+from rdurack.rack.collectives import (
+    WHOLE,
+    Algorithm,
+    Links,
+    Schedule,
+    all_gather_schedule,
+    all_reduce_schedule,
+    barrier_schedule,
+    broadcast_schedule,
+    split,
+)
+from rdurack.rack.collectives import Send as ScheduledSend
+from rdurack.rack.errors import InvalidRequest, LinkFailure, SocketBusy, UnknownName
+from rdurack.rack.kernels import FusionPlan, Phase
+from rdurack.rack.memory import TieredMemory, TierUsage
+from rdurack.rack.models import ModelSpec
+from rdurack.rack.spec import PlatformSpec, Tier
+from rdurack.rack.topology import SocketId, Topology
+from rdurack.workloads.predictor import Predictor
+
+COLLECTIVE_OPS = ("all_reduce", "broadcast", "all_gather", "barrier", "send")
+
+
+@dataclass(frozen=True)
+class Run:
+    """What one kernel or collective call did on this socket, in emulated ns."""
+
+    socket_id: str
+    start_ns: int
+    end_ns: int
+    kernel_calls: int = 0
+    hbm_bytes: int = 0
+    bytes_sent: int = 0
+    bytes_received: int = 0
+
+    @property
+    def duration_ns(self) -> int:
+        return self.end_ns - self.start_ns
+
+
+@dataclass(frozen=True)
+class SocketState:
+    socket_id: str
+    job_id: str | None
+    clock_ns: int
+    link_address: str
+    slowdown: float
+    tiers: dict[str, TierUsage] = field(default_factory=dict)
+
+
+class Socket:
+    """One socket. Every public method is one actor call."""
+
+    def __init__(
+        self,
+        socket_id: str,
+        platform: PlatformSpec,
+        *,
+        time_scale: float = 0.0,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        timeout_s: float = 30.0,
+    ) -> None:
+        if time_scale < 0:
+            raise InvalidRequest(f"time_scale must be >= 0, got {time_scale}")
+        self.name = socket_id
+        self.id = SocketId.parse(socket_id)
+        self.platform = platform
+        self.topology = Topology(platform)
+        self.topology.check(self.id)
+        self.memory = TieredMemory(socket_id, platform.socket)
+        self.clock = EmulatedClock()
+        self.timeout_s = timeout_s
+        self.time_scale = time_scale  # wall seconds per emulated second; 0: no pacing
+        self.slowdown = 1.0  # fault hook: kernels take this many times longer
+        self.job: str | None = None
+        self.tensors: dict[str, np.ndarray] = {}
+        self._predictor = Predictor(platform)
+        self._links = Links(self.topology)  # this socket's own sends only
+        self._endpoint = LinkEndpoint(socket_id, host, port, clock_ns=lambda: self.clock.now_ns)
+        self._pace_anchor = (time.monotonic(), 0)
+
+    # ------------------------------------------------------------------ identity, links
+
+    def address(self) -> str:
+        return self._endpoint.address
+
+    def connect(self, peers: dict[str, str]) -> None:
+        """Learn the link addresses of peer sockets (socket id -> host:port)."""
+        for peer in peers:
+            self.topology.check(SocketId.parse(peer))
+        self._endpoint.connect({p: a for p, a in peers.items() if p != self.name})
+
+    def state(self) -> SocketState:
+        snap = self.memory.snapshot()
+        return SocketState(
+            socket_id=self.name,
+            job_id=self.job,
+            clock_ns=self.clock.now_ns,
+            link_address=self.address(),
+            slowdown=self.slowdown,
+            tiers={t.value: u for t, u in snap.tiers.items()},
+        )
+
+    def ping(self) -> int:
+        return self.clock.now_ns
+
+    # ------------------------------------------------------------------ jobs
+
+    def reserve(self, job_id: str) -> None:
+        """Hold the socket for `job_id`; another job is refused until release."""
+        if self.job is not None and self.job != job_id:
+            raise SocketBusy(self.name, self.job, job_id)
+        if self.job is None:
+            self.job = job_id
+            self._pace_anchor = (time.monotonic(), self.clock.now_ns)
+
+    def release(self, job_id: str) -> bool:
+        """Free the socket and everything the job allocated on it; False if not held."""
+        if self.job != job_id:
+            return False
+        prefix = f"{job_id}/"
+        for alloc in self.memory.allocations():
+            if alloc.name.startswith(prefix):
+                self.memory.free(alloc.name)
+        self.tensors = {k: v for k, v in self.tensors.items() if not k.startswith(prefix)}
+        self.job = None
+        return True
+
+    def _hold(self, job_id: str) -> None:
+        if self.job is None:
+            raise InvalidRequest(
+                f"{self.name} is not reserved for job {job_id!r}; reserve it first"
+            )
+        if self.job != job_id:
+            raise SocketBusy(self.name, self.job, job_id)
+
+    # ------------------------------------------------------------------ memory
+
+    def allocate(self, job_id: str, name: str, tier: str, nbytes: int) -> TierUsage:
+        self._hold(job_id)
+        t = _tier(tier)
+        self.memory.allocate(f"{job_id}/{name}", t, nbytes, what=name)
+        return self.memory.snapshot().tiers[t]
+
+    def free(self, job_id: str, name: str) -> None:
+        self._hold(job_id)
+        self.memory.free(f"{job_id}/{name}")
+        self.tensors.pop(f"{job_id}/{name}", None)
+
+    def put_tensor(self, job_id: str, name: str, array: np.ndarray, tier: str = "hbm") -> None:
+        """Hold a real array (functional mode), accounted in `tier`."""
+        self._hold(job_id)
+        key = f"{job_id}/{name}"
+        if key in self.memory:
+            self.memory.free(key)
+        self.memory.allocate(key, _tier(tier), int(array.nbytes), what=name)
+        self.tensors[key] = np.ascontiguousarray(array)
+
+    def get_tensor(self, job_id: str, name: str) -> np.ndarray:
+        self._hold(job_id)
+        key = f"{job_id}/{name}"
+        if key not in self.tensors:
+            names = sorted(k.split("/", 1)[1] for k in self.tensors if k.startswith(f"{job_id}/"))
+            raise UnknownName("tensor", name, names)
+        return self.tensors[key]
+
+    # ------------------------------------------------------------------ kernels
+
+    def run_kernel(
+        self,
+        job_id: str,
+        model: ModelSpec,
+        phase: Phase,
+        plan: FusionPlan,
+        batch: int,
+        seq: int,
+        group_size: int,
+        steps: int = 1,
+        start_ns: int | None = None,
+    ) -> Run:
+        """`steps` repetitions of one step (a kernel-looped decode of `steps` tokens is
+        one call): the socket's share of a TP group of `group_size` sockets. The model's
+        weight share and KV cache are held in HBM for the job."""
+        self._hold(job_id)
+        if steps <= 0:
+            raise InvalidRequest(f"steps must be positive, got {steps}")
+        self._hold_weights(
+            job_id, model, group_size, batch * seq if phase is not Phase.TRAIN else 0
+        )
+        timing = self._predictor.step(model, phase, plan, batch, seq, group_size)
+        if start_ns is not None:
+            self.clock.advance_to(start_ns)
+        start = self.clock.now_ns
+        self.clock.advance(timing.total_s * steps * self.slowdown)
+        self._pace()
+        return Run(
+            self.name,
+            start,
+            self.clock.now_ns,
+            kernel_calls=timing.kernel_calls * steps,
+            hbm_bytes=int(timing.hbm_bytes * steps),
+        )
+
+    def _hold_weights(self, job_id: str, model: ModelSpec, group_size: int, kv_tokens: int) -> None:
+        weights = f"{job_id}/weights/{model.name}"
+        if weights not in self.memory:
+            self.memory.allocate(
+                weights,
+                Tier.HBM,
+                -(-model.weight_bytes // group_size),
+                what=f"{model.name} weights (1/{group_size})",
+            )
+        kv = f"{job_id}/kv/{model.name}/{kv_tokens}"
+        if kv_tokens and kv not in self.memory:
+            self.memory.allocate(
+                kv,
+                Tier.HBM,
+                -(-kv_tokens * model.kv_bytes_per_token() // group_size),
+                what=f"KV cache of {kv_tokens} tokens",
+            )
+
+    # ------------------------------------------------------------------ collectives
+
+    def collective(
+        self,
+        job_id: str,
+        op: str,
+        tag: str,
+        group: list[str],
+        *,
+        nbytes: int = 0,
+        dtype: str = "float32",
+        tensor: str | None = None,
+        root: str | None = None,
+        algorithm: str = "auto",
+        reduce_op: str = "sum",
+        start_ns: int | None = None,
+    ) -> Run:
+        """This socket's part of a collective over `group` (socket ids in rank order).
+        Functional: `tensor` names the array each member holds; the result replaces it.
+        Timing: `nbytes` of `dtype` describe the buffer; only descriptors travel."""
+        self._hold(job_id)
+        members = [SocketId.parse(g) for g in group]
+        if self.id not in members:
+            raise InvalidRequest(f"{self.name} is not in the group {group}")
+        if op not in COLLECTIVE_OPS:
+            raise InvalidRequest(
+                f"unknown collective {op!r}; accepted: {', '.join(COLLECTIVE_OPS)}"
+            )
+        if reduce_op not in ("sum", "mean"):
+            raise InvalidRequest(f"unknown reduce op {reduce_op!r}; accepted: sum, mean")
+        data = self.get_tensor(job_id, tensor) if tensor else None
+        itemsize = np.dtype(data.dtype if data is not None else dtype).itemsize
+        elements = data.size if data is not None else nbytes // itemsize
+        schedule = self._schedule(op, members, elements, itemsize, root, algorithm)
+        if start_ns is not None:
+            self.clock.advance_to(start_ns)
+        start = self.clock.now_ns
+        buffer = None
+        if data is not None:
+            buffer = self._prepare(op, data, len(members), members)
+        try:
+            sent, received = self._execute(tag, schedule, buffer, members, op)
+        except LinkFailure:
+            self._endpoint.mailbox.discard(tag)
+            raise
+        if buffer is not None and data is not None and tensor is not None:
+            if op == "all_reduce" and reduce_op == "mean":
+                buffer /= np.asarray(len(members), dtype=buffer.dtype)
+            shape = data.shape if op != "all_gather" else (len(members), *data.shape)
+            self.put_tensor(job_id, tensor, buffer.reshape(shape))
+        self._pace()
+        return Run(self.name, start, self.clock.now_ns, bytes_sent=sent, bytes_received=received)
+
+    def _schedule(
+        self,
+        op: str,
+        members: list[SocketId],
+        elements: int,
+        itemsize: int,
+        root: str | None,
+        algorithm: str,
+    ) -> Schedule:
+        """The schedule every member derives identically from the same arguments."""
+        topo = self.topology
+        if op == "all_reduce":
+            try:
+                alg = Algorithm(algorithm)
+            except ValueError:
+                accepted = ", ".join(a.value for a in Algorithm)
+                raise InvalidRequest(
+                    f"unknown algorithm {algorithm!r}; accepted: {accepted}"
+                ) from None
+            return all_reduce_schedule(topo, members, elements, itemsize, alg)
+        if op == "broadcast":
+            src = SocketId.parse(root) if root else members[0]
+            return broadcast_schedule(topo, members, src, elements, itemsize)
+        if op == "all_gather":
+            return all_gather_schedule(topo, members, elements, itemsize)
+        if op == "barrier":
+            return barrier_schedule(topo, members)
+        # send: root sends to the other member of a two-member group
+        if len(members) != 2:
+            raise InvalidRequest(f"send needs a group of two sockets, got {len(members)}")
+        src = SocketId.parse(root) if root else members[0]
+        dst = members[1] if src == members[0] else members[0]
+        return ((ScheduledSend(src, dst, elements * itemsize, WHOLE, False),),)
+
+    def _prepare(self, op: str, data: np.ndarray, n: int, members: list[SocketId]) -> np.ndarray:
+        flat = np.array(data, copy=True).reshape(-1)
+        if op != "all_gather":
+            return flat
+        # Ring all-gather: block b travels as the block of ring position b.
+        out = np.zeros(n * flat.size, dtype=flat.dtype)
+        pos = self.topology.ring(members).index(self.id)
+        out[pos * flat.size : (pos + 1) * flat.size] = flat
+        return out
+
+    def _execute(
+        self,
+        tag: str,
+        schedule: Schedule,
+        buffer: np.ndarray | None,
+        members: list[SocketId],
+        op: str,
+    ) -> tuple[int, int]:
+        me = self.id
+        sent = received = 0
+        for index, step in enumerate(schedule):
+            outgoing = []
+            for s in (s for s in step if s.src == me):
+                _, arrival = self._links.state(me, s.dst).transmit(self.clock.now_ns, s.nbytes)
+                payload = None
+                if buffer is not None:
+                    payload = memoryview(_chunk(buffer, s).tobytes())
+                outgoing.append(
+                    OutgoingTransfer(
+                        dst=str(s.dst),
+                        tag=tag,
+                        step=index,
+                        send_ns=self.clock.now_ns,
+                        arrival_ns=arrival,
+                        nbytes=s.nbytes,
+                        payload=payload,
+                        dtype=str(buffer.dtype) if buffer is not None else "",
+                    )
+                )
+                sent += s.nbytes
+            if outgoing:
+                self._endpoint.send_all(outgoing, timeout_s=self.timeout_s)
+            for s in (s for s in step if s.dst == me):
+                msg = self._endpoint.receive(tag, index, str(s.src), self.timeout_s)
+                self.clock.advance_to(msg.arrival_ns)
+                received += s.nbytes
+                if buffer is not None and msg.payload is not None:
+                    incoming = np.frombuffer(msg.payload, dtype=buffer.dtype)
+                    target = _chunk(buffer, s)
+                    if s.reduce:
+                        target += incoming
+                    else:
+                        target[...] = incoming
+        if op == "all_gather" and buffer is not None:
+            # Reorder blocks from ring positions to rank order.
+            ring = self.topology.ring(members)
+            block = buffer.size // len(members)
+            ordered = np.concatenate(
+                [buffer[ring.index(m) * block : (ring.index(m) + 1) * block] for m in members]
+            )
+            buffer[...] = ordered
+        return sent, received
+
+    # ------------------------------------------------------------------ pacing, faults
+
+    def _pace(self) -> None:
+        """With time_scale > 0, wait until wall time has caught up with emulated time."""
+        if self.time_scale <= 0:
+            return
+        wall0, emu0 = self._pace_anchor
+        target = wall0 + (self.clock.now_ns - emu0) * 1e-9 * self.time_scale
+        delay = target - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+
+    def slow(self, factor: float) -> None:
+        """Fault hook: this socket's kernels take `factor` times longer (1 = healthy)."""
+        if not factor >= 1.0:
+            raise InvalidRequest(f"a slowdown factor must be >= 1, got {factor}")
+        self.slowdown = factor
+
+    def set_link_down(self, peer: str, down: bool = True) -> None:
+        """Fault hook: the link from this socket to `peer` drops every transfer."""
+        self.topology.check(SocketId.parse(peer))
+        self._endpoint.set_link_down(peer, down)
+
+    def close(self) -> None:
+        self._endpoint.close()
+
+
+def _tier(name: str) -> Tier:
+    try:
+        return Tier(name.lower())
+    except ValueError:
+        raise InvalidRequest(f"unknown tier {name!r}; accepted: sram, hbm, ddr") from None
+
+
+def _chunk(buffer: np.ndarray, send: ScheduledSend) -> np.ndarray:
+    """The part of `buffer` a send carries: chunk `send.chunk` of `send.parts`, split by
+    the same rule the schedule used for its byte counts."""
+    if send.chunk == WHOLE:
+        return buffer
+    sizes = split(buffer.size, send.parts)
+    lo = sum(sizes[: send.chunk])
+    return buffer[lo : lo + sizes[send.chunk]]

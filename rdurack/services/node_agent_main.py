@@ -1,0 +1,78 @@
+"""A node agent as a process: `python -m rdurack.services.node_agent_main --node-index 0`.
+
+Settings come from flags, else the environment (for Kubernetes pods):
+
+    --node-index   RDURACK_NODE_INDEX   which rack node this agent runs (0-based)
+    --platform     RDURACK_PLATFORM     platform preset (default sn40l-rack16)
+    --spec         RDURACK_SPEC         what-if YAML applied to the platform
+    --ray-address  RAY_ADDRESS          Ray cluster to join (empty: start a local one)
+    --host         RDURACK_HOST         address to serve on (default 127.0.0.1)
+    --port         RDURACK_AGENT_PORT   NodeAgentService port (0: a free port)
+    --time-scale   RDURACK_TIME_SCALE   wall seconds per emulated second (0: no pacing)
+
+It prints one line `node-agent <index> ready at <host:port>` once every socket serves.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+
+import ray
+
+from rdurack.node_agent.actors import start_ray
+from rdurack.node_agent.agent import NodeAgent
+from rdurack.rack.errors import RdurackError
+from rdurack.rack.whatif import load_platform
+from rdurack.services.grpc_server import Server
+from rdurack.services.node_agent_service import SERVICE, NodeAgentService
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    env = os.environ.get
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--node-index", type=int, default=int(env("RDURACK_NODE_INDEX", "0")))
+    p.add_argument("--platform", default=env("RDURACK_PLATFORM", "sn40l-rack16"))
+    p.add_argument("--spec", type=Path, default=Path(s) if (s := env("RDURACK_SPEC")) else None)
+    p.add_argument("--ray-address", default=env("RAY_ADDRESS", ""))
+    p.add_argument("--host", default=env("RDURACK_HOST", "127.0.0.1"))
+    p.add_argument("--port", type=int, default=int(env("RDURACK_AGENT_PORT", "0")))
+    p.add_argument("--time-scale", type=float, default=float(env("RDURACK_TIME_SCALE", "0")))
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
+    try:
+        args = parse(argv)
+        platform = load_platform(args.platform, args.spec)
+        agent = NodeAgent(args.node_index, platform, time_scale=args.time_scale, host=args.host)
+    except (RdurackError, ValueError) as e:
+        print(f"node-agent: {e}", file=sys.stderr)
+        return 2
+    start_ray(args.ray_address or None)
+    agent.start()
+    service = NodeAgentService(agent)
+    server = Server([(SERVICE, service.add_to)], host=args.host, port=args.port)
+    service.address = server.address
+    print(f"node-agent {args.node_index} ready at {server.address}", flush=True)
+
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    stop.wait()
+    server.stop()
+    agent.stop()
+    ray.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,124 @@
+"""rdurack.v1.NodeAgentService: a node agent on the wire."""
+
+from __future__ import annotations
+
+import grpc
+
+from rdurack.node_agent.agent import NodeAgent
+from rdurack.rack.errors import InvalidRequest
+from rdurack.rack.kernels import Phase
+from rdurack.rack.models import model
+from rdurack.services import convert
+from rdurack.services.errors import rpc
+from rdurack.v1 import node_agent_pb2, node_agent_pb2_grpc, rack_pb2
+
+SERVICE = node_agent_pb2.DESCRIPTOR.services_by_name["NodeAgentService"].full_name
+
+
+class NodeAgentService(node_agent_pb2_grpc.NodeAgentServiceServicer):
+    def __init__(self, agent: NodeAgent, address: str = "") -> None:
+        self.agent = agent
+        self.address = address
+
+    def add_to(self, server: grpc.Server) -> None:
+        node_agent_pb2_grpc.add_NodeAgentServiceServicer_to_server(self, server)
+
+    @rpc
+    def GetNode(
+        self, request: node_agent_pb2.GetNodeRequest, context: grpc.ServicerContext
+    ) -> node_agent_pb2.GetNodeResponse:
+        health = self.agent.health()
+        node = rack_pb2.NodeStatus(
+            index=self.agent.node_index,
+            agent_address=self.address,
+            healthy=all(h.healthy for h in health),
+            sockets=[convert.socket_status(h) for h in health],
+        )
+        return node_agent_pb2.GetNodeResponse(node=node)
+
+    @rpc
+    def ReserveSockets(
+        self, request: node_agent_pb2.ReserveSocketsRequest, context: grpc.ServicerContext
+    ) -> node_agent_pb2.ReserveSocketsResponse:
+        _require(request.job_id, "job_id")
+        self.agent.reserve(request.job_id, list(request.socket_ids))
+        held = [h for h in self.agent.health() if h.socket_id in set(request.socket_ids)]
+        return node_agent_pb2.ReserveSocketsResponse(
+            sockets=[convert.socket_status(h) for h in held]
+        )
+
+    @rpc
+    def ReleaseSockets(
+        self, request: node_agent_pb2.ReleaseSocketsRequest, context: grpc.ServicerContext
+    ) -> node_agent_pb2.ReleaseSocketsResponse:
+        _require(request.job_id, "job_id")
+        released = self.agent.release(request.job_id, list(request.socket_ids))
+        return node_agent_pb2.ReleaseSocketsResponse(released_socket_ids=released)
+
+    @rpc
+    def RunKernel(
+        self, request: node_agent_pb2.RunKernelRequest, context: grpc.ServicerContext
+    ) -> node_agent_pb2.RunKernelResponse:
+        _require(request.job_id, "job_id")
+        _require(list(request.socket_ids), "socket_ids")
+        phase = convert.phase(request.phase)
+        group = len(request.group.members) or len(request.socket_ids)
+        steps = request.output_tokens if phase is Phase.DECODE and request.output_tokens else 1
+        runs = self.agent.run_kernel(
+            request.job_id,
+            list(request.socket_ids),
+            model(request.model),
+            phase,
+            convert.plan(request.fusion_plan),
+            request.batch_size or 1,
+            _positive(request.sequence_length, "sequence_length"),
+            group,
+            steps,
+            request.emulated_start_ns or None,
+        )
+        return node_agent_pb2.RunKernelResponse(sockets=[convert.kernel_timing(r) for r in runs])
+
+    @rpc
+    def Collective(
+        self, request: node_agent_pb2.CollectiveRequest, context: grpc.ServicerContext
+    ) -> node_agent_pb2.CollectiveResponse:
+        _require(request.job_id, "job_id")
+        _require(request.tag, "tag")
+        members = sorted(request.group.members, key=lambda m: m.rank)
+        _require(members, "group.members")
+        group = [m.socket.id for m in members]
+        peers = {m.socket.id: m.link_address for m in members if m.link_address}
+        if peers:
+            self.agent.connect(peers)
+        root = group[request.root_rank] if request.root_rank < len(group) else None
+        if root is None:
+            raise InvalidRequest(
+                f"root_rank: {request.root_rank} is not a rank of a group of {len(group)}"
+            )
+        runs = self.agent.collective(
+            request.job_id,
+            convert.collective_op(request.op),
+            request.tag,
+            group,
+            list(request.socket_ids) or None,
+            nbytes=request.size_bytes,
+            tensor=request.tensor or None,
+            root=root,
+            algorithm=request.algorithm or "auto",
+            reduce_op=request.reduce_op or "sum",
+            start_ns=request.emulated_start_ns or None,
+        )
+        return node_agent_pb2.CollectiveResponse(
+            sockets=[convert.collective_timing(r) for r in runs]
+        )
+
+
+def _require(value: object, field: str) -> None:
+    if not value:
+        raise InvalidRequest(f"{field}: required")
+
+
+def _positive(value: int, field: str) -> int:
+    if value <= 0:
+        raise InvalidRequest(f"{field}: must be positive, got {value}")
+    return value

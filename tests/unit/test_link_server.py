@@ -1,0 +1,288 @@
+"""The link server and mailbox: real gRPC endpoints on 127.0.0.1 in one process."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import grpc  # type: ignore[import-untyped, unused-ignore]
+import numpy as np
+import pytest
+
+from rdurack.node_agent.link_server import CHUNK_BYTES, LinkEndpoint, OutgoingTransfer
+from rdurack.node_agent.mailbox import Mailbox, Message
+from rdurack.rack.errors import InvalidRequest, LinkFailure
+from rdurack.v1 import link_pb2, link_pb2_grpc
+
+A, B, C = "rdu-n0-s0", "rdu-n0-s1", "rdu-n1-s0"
+
+
+@pytest.fixture
+def trio() -> Iterator[tuple[LinkEndpoint, LinkEndpoint, LinkEndpoint]]:
+    """Three connected endpoints; B's clock reads 1234 ns."""
+    eps = (
+        LinkEndpoint(A),
+        LinkEndpoint(B, clock_ns=lambda: 1234),
+        LinkEndpoint(C),
+    )
+    try:
+        addresses = {e.socket_id: e.address for e in eps}
+        for e in eps:
+            e.connect({p: a for p, a in addresses.items() if p != e.socket_id})
+        yield eps
+    finally:
+        for e in eps:
+            e.close()
+
+
+@contextmanager
+def _raw_stub(
+    endpoint: LinkEndpoint,
+) -> Iterator[link_pb2_grpc.LinkServiceStub]:
+    with grpc.insecure_channel(endpoint.address) as channel:
+        yield link_pb2_grpc.LinkServiceStub(channel)
+
+
+# ---------------------------------------------------------------------- transfers
+
+
+def test_functional_payload_arrives_intact_in_chunks(trio: tuple[LinkEndpoint, ...]) -> None:
+    a, b, _ = trio
+    array = np.arange(5 * (1 << 20) // 4, dtype=np.float32).reshape(1280, 1024)  # 5 MiB
+    assert array.nbytes > 4 * CHUNK_BYTES  # several chunks, above gRPC's 4 MB default
+    got = a.send(
+        B, "ar-1", 3, send_ns=100, arrival_ns=5_000, nbytes=array.nbytes,
+        payload=array.data, dtype=str(array.dtype), shape=array.shape,
+    )  # fmt: skip
+    assert got == array.nbytes
+    msg = b.receive("ar-1", 3, A, timeout_s=1.0)
+    assert (msg.src, msg.tag, msg.step) == (A, "ar-1", 3)
+    assert (msg.arrival_ns, msg.nbytes, msg.dtype, msg.shape) == (
+        5_000, array.nbytes, "float32", (1280, 1024),
+    )  # fmt: skip
+    assert msg.payload is not None
+    back = np.frombuffer(msg.payload, dtype=msg.dtype).reshape(msg.shape)
+    np.testing.assert_array_equal(back, array)
+    assert b.mailbox.pending() == 0
+
+
+def test_timing_only_transfer_carries_no_payload(trio: tuple[LinkEndpoint, ...]) -> None:
+    a, b, _ = trio
+    got = a.send(B, "t", 0, send_ns=0, arrival_ns=10**9, nbytes=10**9, payload=None)
+    assert got == 0
+    msg = b.receive("t", 0, A, timeout_s=1.0)
+    assert msg.nbytes == 10**9
+    assert msg.payload is None
+    assert msg.arrival_ns == 10**9
+
+
+def test_send_all_delivers_to_two_peers_concurrently(trio: tuple[LinkEndpoint, ...]) -> None:
+    a, b, c = trio
+    sends = [
+        OutgoingTransfer(B, "bc", 1, 0, 10, 8, b"\x01" * 8, "uint8", (8,)),
+        OutgoingTransfer(C, "bc", 1, 0, 20, 0, None),
+    ]
+    assert a.send_all(sends, timeout_s=2.0) == [8, 0]
+    assert b.receive("bc", 1, A, 1.0).payload == b"\x01" * 8
+    assert c.receive("bc", 1, A, 1.0).arrival_ns == 20
+
+
+def test_send_all_checks_every_argument_before_sending(trio: tuple[LinkEndpoint, ...]) -> None:
+    a, b, _ = trio
+    sends = [
+        OutgoingTransfer(B, "x", 0, 0, 1, 4, b"abcd"),
+        OutgoingTransfer(C, "x", 0, 0, 1, 5, b"abcd"),  # payload size disagrees
+    ]
+    with pytest.raises(InvalidRequest, match="4 bytes but nbytes says 5"):
+        a.send_all(sends)
+    assert b.mailbox.pending() == 0
+
+
+def test_receive_times_out_naming_both_ends(trio: tuple[LinkEndpoint, ...]) -> None:
+    _, b, _ = trio
+    t0 = time.monotonic()
+    with pytest.raises(LinkFailure) as info:
+        b.receive("ar-7", 4, A, timeout_s=0.2)
+    assert 0.15 < time.monotonic() - t0 < 1.0
+    text = str(info.value)
+    for part in (B, A, "'ar-7'", "step 4", "0.2 s"):
+        assert part in text
+
+
+# ---------------------------------------------------------------------- faults
+
+
+def test_link_down_fails_at_once_and_recovers(trio: tuple[LinkEndpoint, ...]) -> None:
+    a, b, _ = trio
+    a.set_link_down(B)
+    assert a.link_down(B)
+    t0 = time.monotonic()
+    with pytest.raises(LinkFailure, match=r"link is down") as info:
+        a.send(B, "d", 0, 0, 1, 0, None)
+    assert time.monotonic() - t0 < 0.1
+    assert A in str(info.value) and B in str(info.value)
+    with pytest.raises(LinkFailure, match=r"link is down"):
+        a.ping(B)
+    time.sleep(0.05)
+    assert b.mailbox.pending() == 0
+    a.set_link_down(B, down=False)
+    assert not a.link_down(B)
+    assert a.send(B, "d", 0, 0, 1, 3, b"abc") == 3
+    assert b.receive("d", 0, A, 1.0).payload == b"abc"
+
+
+def test_send_to_closed_peer_is_a_link_failure(trio: tuple[LinkEndpoint, ...]) -> None:
+    a, b, _ = trio
+    assert a.send(B, "c", 0, 0, 1, 1, b"x") == 1  # the channel is open and used
+    b.close()
+    b.close()  # idempotent
+    t0 = time.monotonic()
+    with pytest.raises(LinkFailure) as info:
+        a.send(B, "c", 1, 0, 1, 1, b"x", timeout_s=2)
+    assert time.monotonic() - t0 < 2.5
+    assert not isinstance(info.value, grpc.RpcError)
+    text = str(info.value)
+    assert A in text and B in text
+    assert "UNAVAILABLE" in text or "DEADLINE_EXCEEDED" in text
+
+
+def test_send_all_raises_after_all_finished(trio: tuple[LinkEndpoint, ...]) -> None:
+    a, _, c = trio
+    a.set_link_down(B)
+    sends = [OutgoingTransfer(B, "f", 0, 0, 1, 0, None), OutgoingTransfer(C, "f", 0, 0, 1, 0, None)]
+    with pytest.raises(LinkFailure, match=B):
+        a.send_all(sends)
+    assert c.receive("f", 0, A, 1.0).nbytes == 0  # the healthy link still delivered
+
+
+def test_unknown_peer_lists_known_peers(trio: tuple[LinkEndpoint, ...]) -> None:
+    a, _, _ = trio
+    with pytest.raises(LinkFailure, match=r"not a connected peer") as info:
+        a.send("rdu-n1-s7", "u", 0, 0, 1, 0, None)
+    assert f"known peers: {B}, {C}" in str(info.value)
+
+
+def test_bad_arguments_are_invalid_requests(trio: tuple[LinkEndpoint, ...]) -> None:
+    a, _, _ = trio
+    with pytest.raises(InvalidRequest, match="before send_ns"):
+        a.send(B, "x", 0, send_ns=10, arrival_ns=5, nbytes=0, payload=None)
+    with pytest.raises(InvalidRequest, match="step"):
+        a.send(B, "x", -1, 0, 1, 0, None)
+    with pytest.raises(InvalidRequest, match="timeout_s"):
+        a.send(B, "x", 0, 0, 1, 0, None, timeout_s=0)
+
+
+# ---------------------------------------------------------------------- wire contract
+
+
+def test_stream_without_header_is_invalid_argument(trio: tuple[LinkEndpoint, ...]) -> None:
+    _, b, _ = trio
+    with _raw_stub(b) as stub:
+        with pytest.raises(grpc.RpcError) as info:
+            stub.Transfer(iter([link_pb2.TransferChunk(data=b"abc")]), timeout=2)
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "header" in str(info.value.details())
+
+
+def test_header_for_another_socket_is_invalid_argument(trio: tuple[LinkEndpoint, ...]) -> None:
+    _, b, _ = trio
+    header = link_pb2.TransferHeader(
+        transfer_id="t-1", src_socket_id=A, dst_socket_id=C, total_bytes=0, timing_only=True
+    )
+    with _raw_stub(b) as stub:
+        with pytest.raises(grpc.RpcError) as info:
+            stub.Transfer(iter([link_pb2.TransferChunk(header=header)]), timeout=2)
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        details = str(info.value.details())
+        assert B in details and C in details
+    assert b.mailbox.pending() == 0
+
+
+def test_more_bytes_than_declared_is_invalid_argument(trio: tuple[LinkEndpoint, ...]) -> None:
+    _, b, _ = trio
+    header = link_pb2.TransferHeader(
+        transfer_id="t-2", src_socket_id=A, dst_socket_id=B, total_bytes=2
+    )
+    chunks = [link_pb2.TransferChunk(header=header), link_pb2.TransferChunk(data=b"abc")]
+    with _raw_stub(b) as stub:
+        with pytest.raises(grpc.RpcError) as info:
+            stub.Transfer(iter(chunks), timeout=2)
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert b.mailbox.pending() == 0
+
+
+def test_duplicate_transfer_id_is_already_exists(trio: tuple[LinkEndpoint, ...]) -> None:
+    _, b, _ = trio
+    header = link_pb2.TransferHeader(
+        transfer_id="t-3", src_socket_id=A, dst_socket_id=B, timing_only=True
+    )
+    with _raw_stub(b) as stub:
+        stub.Transfer(iter([link_pb2.TransferChunk(header=header)]), timeout=2)
+        with pytest.raises(grpc.RpcError) as info:
+            stub.Transfer(iter([link_pb2.TransferChunk(header=header)]), timeout=2)
+        assert info.value.code() == grpc.StatusCode.ALREADY_EXISTS
+    assert b.mailbox.pending() == 1
+
+
+def test_ping_returns_peer_id_and_clock(trio: tuple[LinkEndpoint, ...]) -> None:
+    a, _, _ = trio
+    assert a.ping(B) == (B, 1234)
+    assert a.ping(C) == (C, 0)
+
+
+def test_explicit_port_taken_is_a_link_failure(trio: tuple[LinkEndpoint, ...]) -> None:
+    a, _, _ = trio
+    port = int(a.address.rsplit(":", 1)[1])
+    with pytest.raises(LinkFailure, match=f"127.0.0.1:{port}"):
+        LinkEndpoint("rdu-n1-s1", port=port)
+
+
+# ---------------------------------------------------------------------- mailbox
+
+
+def _msg(src: str = A, tag: str = "t", step: int = 0) -> Message:
+    return Message(src, tag, step, arrival_ns=1, nbytes=0, payload=None, dtype="", shape=())
+
+
+def test_mailbox_refuses_a_duplicate_key() -> None:
+    box = Mailbox(B)
+    box.put(_msg())
+    with pytest.raises(LinkFailure, match="duplicate"):
+        box.put(_msg())
+    box.put(_msg(step=1))  # another step is another key
+    box.put(_msg(src=C))  # another sender is another key
+    assert box.pending() == 3
+
+
+def test_mailbox_discard_drops_one_tag() -> None:
+    box = Mailbox(B)
+    for step in range(3):
+        box.put(_msg(tag="failed", step=step))
+    box.put(_msg(tag="kept"))
+    assert box.discard("failed") == 3
+    assert box.pending() == 1
+    assert box.take("kept", 0, A, 0.1).tag == "kept"
+    with pytest.raises(LinkFailure):
+        box.take("failed", 0, A, 0.01)
+
+
+def test_mailbox_take_is_independent_of_arrival_order() -> None:
+    box = Mailbox(B)
+    for step in (2, 0, 1):
+        box.put(_msg(step=step))
+    assert [box.take("t", s, A, 0.1).step for s in (0, 1, 2)] == [0, 1, 2]
+    assert box.pending() == 0
+
+
+def test_mailbox_take_wakes_when_the_message_arrives() -> None:
+    box = Mailbox(B)
+    timer = threading.Timer(0.05, box.put, args=(_msg(step=5),))
+    timer.start()
+    try:
+        box.put(_msg(step=4))  # a different key must not end the wait
+        assert box.take("t", 5, A, timeout_s=2.0).step == 5
+    finally:
+        timer.cancel()
+    assert box.take("t", 4, A, 0.1).step == 4
