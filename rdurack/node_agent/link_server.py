@@ -1,9 +1,11 @@
 """One socket's end of its links: a rdurack.v1.LinkService server and clients to peers.
 
-The data plane between emulated sockets. A transfer is one client-streaming `Transfer`
-call: a TransferHeader, then the payload in CHUNK_BYTES slices (no data at all in timing
-mode). The receiving server puts it in the socket's Mailbox, where the socket's own
-thread takes it by (collective tag, step, sender).
+The data plane between emulated sockets. A transfer is one gRPC call: a unary `Deliver`
+(header and payload in one message) for a timing-only transfer or a payload of at most
+DELIVER_MAX_BYTES, else a client-streaming `Transfer` (a TransferHeader, then the payload
+in CHUNK_BYTES slices); link.proto says why both exist. The receiving server checks both
+alike and puts the transfer in the socket's Mailbox, where the socket's own thread takes
+it by (collective tag, step, sender).
 
 Emulated time never depends on the wire: the sender prices the transfer with its own
 link model and stamps the arrival (ns) in the header; the receiver's clock moves to it
@@ -35,12 +37,27 @@ from rdurack.v1 import link_pb2, link_pb2_grpc
 # Data bytes per stream message (1 MiB). Streaming in chunks bounds the memory each
 # in-flight message needs on both ends (one chunk, not the whole tensor, per protobuf
 # message) and lets the receiver copy chunk k while chunk k+1 is on the wire. It never
-# changes emulated time: the sender computes the arrival from the whole size.
+# changes emulated time: the sender computes the arrival from the whole size. 1 MiB
+# measured best for a 64 MB transfer between two processes (2 cores, GB/s over runs):
+# 256 KiB 0.55-0.74, 512 KiB 0.56-0.77, 1 MiB 0.56-0.84, 2 MiB 0.39-0.60, 4 MiB 0.48-0.66.
 CHUNK_BYTES = 1 << 20
+# Largest payload sent as one unary Deliver (128 KiB); timing-only transfers always go
+# that way, larger payloads stream through Transfer. Unary saves the request-iterator
+# thread a client stream costs per call (timing-only: about half the sender CPU), but
+# a big unary message costs the sender more CPU than the same bytes as header + chunk on
+# a stream (separate processes, 2 cores, µs per call wall / sender CPU): 128 KiB unary
+# 800/480 vs stream 940/670; 256 KiB 1430/810 vs 1210/640; 1 MiB 4530/2770 vs 3060/1160.
+# Hence a cut far below CHUNK_BYTES.
+DELIVER_MAX_BYTES = 128 << 10
 # Largest single gRPC message allowed on server and channels (64 MiB). Chunks stay far
 # below it; the limit is raised above gRPC's 4 MB default anyway (DESIGN.md conventions)
 # so a header with a long shape or a future larger chunk size is not refused.
 MAX_MESSAGE_BYTES = 64 << 20
+# Only the size limits: on loopback, none of grpc.http2.lookahead_bytes (16 MiB),
+# grpc.http2.write_buffer_size (8 MiB), grpc.http2.max_frame_size (16 MiB),
+# grpc.experimental.tcp_{min,max}_read_chunk_size (1/8 MiB) nor bdp_probe (on by default)
+# moved the 64 MB cross-process throughput or the per-call cost beyond run-to-run noise
+# (about +-20% on this machine), so none is set.
 _SIZE_OPTIONS: tuple[tuple[str, int], ...] = (
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
@@ -273,7 +290,13 @@ class LinkEndpoint:
             emulated_arrival_ns=t.arrival_ns,
         )
         try:
-            ack = stub.Transfer(_chunks(header, data), timeout=timeout_s)
+            if data is None or len(data) <= DELIVER_MAX_BYTES:
+                # One message: the unary call, no request-iterator thread (link.proto).
+                payload = b"" if data is None else bytes(data)  # protobuf takes only bytes
+                request = link_pb2.Delivery(header=header, data=payload)
+                ack = stub.Deliver(request, timeout=timeout_s)
+            else:
+                ack = stub.Transfer(_chunks(header, data), timeout=timeout_s)
         except grpc.RpcError as e:
             raise LinkFailure(_rpc_failure(what, e, t.dst, address, timeout_s)) from None
         return int(ack.bytes_received)
@@ -372,20 +395,7 @@ class _LinkServicer(link_pb2_grpc.LinkServiceServicer):
             got = "an empty stream" if first is None else f"a {kind or 'empty'} chunk"
             _abort(context, invalid, f"{me}: the first chunk must be a header, got {got}")
         h = first.header
-        if h.dst_socket_id != me:
-            # Checked before the data is read: a misrouted transfer costs no copy.
-            _abort(
-                context,
-                invalid,
-                f"{me}: transfer {h.transfer_id} from {h.src_socket_id} is addressed to "
-                f"{h.dst_socket_id!r} (header.dst_socket_id), not to this socket {me}",
-            )
-        if not self._endpoint._remember(h.transfer_id):
-            _abort(
-                context,
-                grpc.StatusCode.ALREADY_EXISTS,
-                f"{me}: transfer {h.transfer_id} from {h.src_socket_id} was already received",
-            )
+        self._admit(h, context)
         total = h.total_bytes
         buf: bytearray | None = None
         if not h.timing_only:
@@ -401,39 +411,97 @@ class _LinkServicer(link_pb2_grpc.LinkServiceServicer):
         for chunk in request_iterator:
             if chunk.WhichOneof("chunk") == "header":
                 _abort(context, invalid, f"{me}: a header repeated after the first chunk")
-            n = len(chunk.data)
+            data = chunk.data  # read once: each read of a bytes field is a fresh copy
+            n = len(data)
             if buf is None:
                 if n:
-                    _abort(
-                        context,
-                        invalid,
-                        f"{me}: timing-only transfer {h.transfer_id} from {h.src_socket_id} "
-                        "carries data",
-                    )
+                    self._check_size(h, n, context)  # aborts: timing-only with data
                 continue
             if received + n > total:
-                _abort(
-                    context,
-                    invalid,
-                    f"{me}: transfer {h.transfer_id} from {h.src_socket_id} carries more "
-                    f"than the {total:,} bytes its header.total_bytes declares",
-                )
-            buf[received : received + n] = chunk.data
+                self._check_size(h, received + n, context)  # aborts: more than declared
+            buf[received : received + n] = data
             received += n
-        if buf is not None and received != total:
+        if buf is not None:
+            self._check_size(h, received, context)
+        # The bytearray itself becomes the payload: no final copy of the whole transfer.
+        return self._store(h, buf, received, context)
+
+    def Deliver(  # noqa: N802 (gRPC method name)
+        self, request: link_pb2.Delivery, context: grpc.ServicerContext
+    ) -> link_pb2.TransferAck:
+        h = request.header
+        self._admit(h, context)
+        data = request.data  # read once: each read of a bytes field is a fresh copy
+        self._check_size(h, len(data), context)
+        # The request's bytes are the payload as they are: no copy.
+        return self._store(h, None if h.timing_only else data, len(data), context)
+
+    # Shared by Transfer and Deliver: the checks before any data is accepted, the size
+    # check after, and the hand-over to the mailbox with its acknowledgement.
+
+    def _admit(self, h: link_pb2.TransferHeader, context: grpc.ServicerContext) -> None:
+        """Refuse a transfer for another socket (INVALID_ARGUMENT) or a duplicate
+        transfer id (ALREADY_EXISTS); checked before the data is read, so a misrouted
+        transfer costs no copy."""
+        me = self._endpoint.socket_id
+        if h.dst_socket_id != me:
             _abort(
                 context,
-                invalid,
-                f"{me}: transfer {h.transfer_id} from {h.src_socket_id} carried {received:,} "
-                f"bytes, header.total_bytes declares {total:,}",
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"{me}: transfer {h.transfer_id} from {h.src_socket_id} is addressed to "
+                f"{h.dst_socket_id!r} (header.dst_socket_id), not to this socket {me}",
             )
+        if not self._endpoint._remember(h.transfer_id):
+            _abort(
+                context,
+                grpc.StatusCode.ALREADY_EXISTS,
+                f"{me}: transfer {h.transfer_id} from {h.src_socket_id} was already received",
+            )
+
+    def _check_size(
+        self, h: link_pb2.TransferHeader, received: int, context: grpc.ServicerContext
+    ) -> None:
+        """INVALID_ARGUMENT unless `received` data bytes are what the header declares:
+        none in timing mode, exactly total_bytes otherwise."""
+        if h.timing_only:
+            if received:
+                _abort(
+                    context,
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"{self._endpoint.socket_id}: timing-only transfer {h.transfer_id} from "
+                    f"{h.src_socket_id} carries data",
+                )
+            return
+        if received != h.total_bytes:
+            more = received > h.total_bytes
+            _abort(
+                context,
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"{self._endpoint.socket_id}: transfer {h.transfer_id} from {h.src_socket_id} "
+                + (
+                    f"carries more than the {h.total_bytes:,} bytes its header.total_bytes declares"
+                    if more
+                    else f"carried {received:,} bytes, header.total_bytes declares "
+                    f"{h.total_bytes:,}"
+                ),
+            )
+
+    def _store(
+        self,
+        h: link_pb2.TransferHeader,
+        payload: bytes | bytearray | None,
+        received: int,
+        context: grpc.ServicerContext,
+    ) -> link_pb2.TransferAck:
+        """Put the received transfer in the mailbox; its acknowledgement."""
+        me = self._endpoint.socket_id
         message = Message(
             src=h.src_socket_id,
             tag=h.collective_tag,
             step=h.collective_step,
             arrival_ns=h.emulated_arrival_ns,
-            nbytes=total,
-            payload=None if buf is None else bytes(buf),
+            nbytes=h.total_bytes,
+            payload=payload,
             dtype=h.dtype,
             shape=tuple(h.shape),
         )

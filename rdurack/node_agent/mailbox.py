@@ -27,7 +27,9 @@ class Message:
     step: int  # step within the collective
     arrival_ns: int  # emulated arrival computed by the sender's link model, ns
     nbytes: int  # declared size, bytes (what the link model charged)
-    payload: bytes | None  # the data; None for a timing-only transfer
+    # The data (read-only by convention; np.frombuffer takes either type); None for a
+    # timing-only transfer.
+    payload: bytes | bytearray | None
     dtype: str  # numpy dtype name of the payload, "" when none
     shape: tuple[int, ...]  # elements per dimension; () when none
 

@@ -168,13 +168,18 @@ class Socket:
         self.tensors.pop(f"{job_id}/{name}", None)
 
     def put_tensor(self, job_id: str, name: str, array: np.ndarray, tier: str = "hbm") -> None:
-        """Hold a real array (functional mode), accounted in `tier`."""
+        """Hold a copy of a real array (functional mode), accounted in `tier`. The socket
+        owns the copy, so collectives may work on it in place (arrays that arrive
+        through Ray are read-only views of its object store)."""
         self._hold(job_id)
+        self._store(job_id, name, np.array(array, copy=True, order="C"), _tier(tier))
+
+    def _store(self, job_id: str, name: str, array: np.ndarray, tier: Tier = Tier.HBM) -> None:
         key = f"{job_id}/{name}"
         if key in self.memory:
             self.memory.free(key)
-        self.memory.allocate(key, _tier(tier), int(array.nbytes), what=name)
-        self.tensors[key] = np.ascontiguousarray(array)
+        self.memory.allocate(key, tier, int(array.nbytes), what=name)
+        self.tensors[key] = array
 
     def get_tensor(self, job_id: str, name: str) -> np.ndarray:
         self._hold(job_id)
@@ -270,6 +275,8 @@ class Socket:
         if reduce_op not in ("sum", "mean"):
             raise InvalidRequest(f"unknown reduce op {reduce_op!r}; accepted: sum, mean")
         data = self.get_tensor(job_id, tensor) if tensor else None
+        if data is not None and reduce_op == "mean" and data.dtype.kind not in "fc":
+            raise InvalidRequest(f"a mean all-reduce needs floating point data, not {data.dtype}")
         itemsize = np.dtype(data.dtype if data is not None else dtype).itemsize
         elements = data.size if data is not None else nbytes // itemsize
         schedule = self._schedule(op, members, elements, itemsize, root, algorithm)
@@ -278,7 +285,8 @@ class Socket:
         start = self.clock.now_ns
         buffer = None
         if data is not None:
-            buffer = self._prepare(op, data, len(members), members)
+            # In place on the socket's own array, but for all-gather, whose result is larger.
+            buffer = data.reshape(-1) if op != "all_gather" else self._gather_buffer(data, members)
         try:
             sent, received = self._execute(tag, schedule, buffer, members, op)
         except LinkFailure:
@@ -287,8 +295,8 @@ class Socket:
         if buffer is not None and data is not None and tensor is not None:
             if op == "all_reduce" and reduce_op == "mean":
                 buffer /= np.asarray(len(members), dtype=buffer.dtype)
-            shape = data.shape if op != "all_gather" else (len(members), *data.shape)
-            self.put_tensor(job_id, tensor, buffer.reshape(shape))
+            if op == "all_gather":
+                self._store(job_id, tensor, buffer.reshape((len(members), *data.shape)))
         self._pace()
         return Run(self.name, start, self.clock.now_ns, bytes_sent=sent, bytes_received=received)
 
@@ -326,12 +334,10 @@ class Socket:
         dst = members[1] if src == members[0] else members[0]
         return ((ScheduledSend(src, dst, elements * itemsize, WHOLE, False),),)
 
-    def _prepare(self, op: str, data: np.ndarray, n: int, members: list[SocketId]) -> np.ndarray:
-        flat = np.array(data, copy=True).reshape(-1)
-        if op != "all_gather":
-            return flat
-        # Ring all-gather: block b travels as the block of ring position b.
-        out = np.zeros(n * flat.size, dtype=flat.dtype)
+    def _gather_buffer(self, data: np.ndarray, members: list[SocketId]) -> np.ndarray:
+        """All-gather's output: block b travels as the block of ring position b."""
+        flat = data.reshape(-1)
+        out = np.zeros(len(members) * flat.size, dtype=flat.dtype)
         pos = self.topology.ring(members).index(self.id)
         out[pos * flat.size : (pos + 1) * flat.size] = flat
         return out
@@ -352,7 +358,9 @@ class Socket:
                 _, arrival = self._links.state(me, s.dst).transmit(self.clock.now_ns, s.nbytes)
                 payload = None
                 if buffer is not None:
-                    payload = memoryview(_chunk(buffer, s).tobytes())
+                    # No copy: send_all returns only after every ack, so the chunk is
+                    # not changed while it is on the wire.
+                    payload = _chunk(buffer, s).data
                 outgoing.append(
                     OutgoingTransfer(
                         dst=str(s.dst),

@@ -14,33 +14,18 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
-from typing import Literal
 
 from rich.console import Console
 from rich.table import Table
 
 from rdurack.rack.models import builtin_models
 from rdurack.rack.presets import builtin_platforms
+from rdurack.services.bench_figure import BenchFigure
+from rdurack.services.bench_rack import bench_rack
 from rdurack.workloads.paper import PaperStudy
 from rdurack.workloads.predictor import CoeSetting, Predictor, predict_coe
-
-
-@dataclass(frozen=True)
-class BenchFigure:
-    name: str
-    value: float
-    unit: str
-    target: float | None
-    better: Literal["lower", "higher"]
-
-    @property
-    def met(self) -> bool | None:
-        if self.target is None:
-            return None
-        return self.value <= self.target if self.better == "lower" else self.value >= self.target
-
 
 Benchmark = Callable[[], list[BenchFigure]]
 
@@ -96,6 +81,7 @@ def bench_paper_fidelity() -> list[BenchFigure]:
 BENCHMARKS: list[tuple[str, Benchmark]] = [
     ("predictor speed", bench_predictor_speed),
     ("paper fidelity", bench_paper_fidelity),
+    ("rack: 2 node agents x 8 socket actors", bench_rack),
 ]
 
 

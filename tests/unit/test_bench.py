@@ -9,12 +9,8 @@ from typing import Any
 import pytest
 
 from rdurack.services import bench
-from rdurack.services.bench import (
-    BenchFigure,
-    bench_paper_fidelity,
-    bench_predictor_speed,
-    run,
-)
+from rdurack.services.bench import bench_paper_fidelity, bench_predictor_speed, run
+from rdurack.services.bench_figure import BenchFigure
 
 MET = BenchFigure("fake latency", 1.5, "ms", 2.0, "lower")
 MISSED = BenchFigure("fake throughput", 10.0, "ops/s", 100.0, "higher")

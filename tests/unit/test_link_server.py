@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections.abc import Iterator
@@ -11,7 +12,12 @@ import grpc  # type: ignore[import-untyped, unused-ignore]
 import numpy as np
 import pytest
 
-from rdurack.node_agent.link_server import CHUNK_BYTES, LinkEndpoint, OutgoingTransfer
+from rdurack.node_agent.link_server import (
+    CHUNK_BYTES,
+    DELIVER_MAX_BYTES,
+    LinkEndpoint,
+    OutgoingTransfer,
+)
 from rdurack.node_agent.mailbox import Mailbox, Message
 from rdurack.rack.errors import InvalidRequest, LinkFailure
 from rdurack.v1 import link_pb2, link_pb2_grpc
@@ -66,6 +72,20 @@ def test_functional_payload_arrives_intact_in_chunks(trio: tuple[LinkEndpoint, .
     back = np.frombuffer(msg.payload, dtype=msg.dtype).reshape(msg.shape)
     np.testing.assert_array_equal(back, array)
     assert b.mailbox.pending() == 0
+
+
+@pytest.mark.parametrize("nbytes", [1, DELIVER_MAX_BYTES, DELIVER_MAX_BYTES + 1])
+def test_payload_arrives_intact_either_side_of_the_unary_cut(
+    trio: tuple[LinkEndpoint, ...], nbytes: int
+) -> None:
+    """Up to DELIVER_MAX_BYTES a payload goes as one unary Deliver, above it streams."""
+    a, b, _ = trio
+    data = np.random.default_rng(nbytes).integers(0, 256, nbytes, dtype=np.uint8)
+    got = a.send(B, "cut", 0, 0, 1, nbytes, data.data, "uint8", (nbytes,))
+    assert got == nbytes
+    msg = b.receive("cut", 0, A, timeout_s=1.0)
+    assert msg.payload is not None and len(msg.payload) == nbytes
+    np.testing.assert_array_equal(np.frombuffer(msg.payload, dtype=np.uint8), data)
 
 
 def test_timing_only_transfer_carries_no_payload(trio: tuple[LinkEndpoint, ...]) -> None:
@@ -224,6 +244,52 @@ def test_duplicate_transfer_id_is_already_exists(trio: tuple[LinkEndpoint, ...])
             stub.Transfer(iter([link_pb2.TransferChunk(header=header)]), timeout=2)
         assert info.value.code() == grpc.StatusCode.ALREADY_EXISTS
     assert b.mailbox.pending() == 1
+
+
+_DELIVERY_IDS = itertools.count()
+
+
+def _delivery(dst: str, data: bytes, total: int, timing_only: bool = False) -> link_pb2.Delivery:
+    header = link_pb2.TransferHeader(
+        transfer_id=f"d-{next(_DELIVERY_IDS)}",
+        src_socket_id=A,
+        dst_socket_id=dst,
+        total_bytes=total,
+        collective_tag="u",
+        timing_only=timing_only,
+    )
+    return link_pb2.Delivery(header=header, data=data)
+
+
+def test_deliver_checks_like_transfer(trio: tuple[LinkEndpoint, ...]) -> None:
+    _, b, _ = trio
+    invalid = grpc.StatusCode.INVALID_ARGUMENT
+    with _raw_stub(b) as stub:
+        for request, code, words in [
+            (_delivery(C, b"", 0, timing_only=True), invalid, (B, C)),  # another socket
+            (_delivery(B, b"abc", 2), invalid, ("more than",)),  # more than declared
+            (_delivery(B, b"a", 2), invalid, ("carried 1",)),  # fewer than declared
+            (_delivery(B, b"a", 1, timing_only=True), invalid, ("timing-only",)),
+        ]:
+            with pytest.raises(grpc.RpcError) as info:
+                stub.Deliver(request, timeout=2)
+            assert info.value.code() == code
+            assert all(w in str(info.value.details()) for w in words)
+    assert b.mailbox.pending() == 0
+
+
+def test_deliver_and_transfer_share_the_duplicate_check(
+    trio: tuple[LinkEndpoint, ...],
+) -> None:
+    _, b, _ = trio
+    request = _delivery(B, b"ab", 2)
+    with _raw_stub(b) as stub:
+        ack = stub.Deliver(request, timeout=2)
+        assert (ack.receiver_socket_id, ack.bytes_received) == (B, 2)
+        with pytest.raises(grpc.RpcError) as info:  # the same id again, streamed
+            stub.Transfer(iter([link_pb2.TransferChunk(header=request.header)]), timeout=2)
+        assert info.value.code() == grpc.StatusCode.ALREADY_EXISTS
+    assert b.receive("u", 0, A, 1.0).payload == b"ab"
 
 
 def test_ping_returns_peer_id_and_clock(trio: tuple[LinkEndpoint, ...]) -> None:

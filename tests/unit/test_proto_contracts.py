@@ -61,6 +61,7 @@ SERVICES: dict[str, dict[str, dict[str, tuple[bool, bool]]]] = {
     "link": {
         "LinkService": {
             "Transfer": (True, False),
+            "Deliver": (False, False),
             "Ping": (False, False),
         },
     },
