@@ -7,6 +7,7 @@ error, never as a hang.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -220,3 +221,31 @@ class NodeAgent:
             raise LinkFailure(
                 f"node {self.node_index}: {what}: a socket actor is dead ({type(e).__name__})"
             ) from None
+
+
+def start_rack(platform: PlatformSpec, **options: Any) -> list[NodeAgent]:
+    """Start an agent for every node of `platform` in this process (in parallel), and
+    give every socket the link addresses of all the others. `options` go to NodeAgent.
+    This is how tests and benchmarks build a whole rack on one machine."""
+    agents = [NodeAgent(i, platform, **options) for i in range(platform.nodes)]
+    errors: list[BaseException] = []
+
+    def start(agent: NodeAgent) -> None:
+        try:
+            agent.start()
+        except BaseException as e:  # re-raised below, after every thread ended
+            errors.append(e)
+
+    threads = [threading.Thread(target=start, args=(a,)) for a in agents]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        for a in agents:
+            a.stop()
+        raise errors[0]
+    peers = {sid: addr for a in agents for sid, addr in a.addresses().items()}
+    for a in agents:
+        a.connect(peers)
+    return agents

@@ -7,7 +7,6 @@ a few runs after a warm-up, and the table prints it beside its target.
 from __future__ import annotations
 
 import statistics
-import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -17,7 +16,7 @@ import psutil
 import ray
 
 from rdurack.node_agent.actors import start_ray
-from rdurack.node_agent.agent import NodeAgent
+from rdurack.node_agent.agent import NodeAgent, start_rack
 from rdurack.rack.presets import platform
 from rdurack.services.bench_figure import BenchFigure
 
@@ -47,15 +46,7 @@ def bench_rack() -> list[BenchFigure]:
     started = time.monotonic()
     start_ray()
     rack = platform("sn40l-rack16")
-    agents = [NodeAgent(i, rack) for i in range(rack.nodes)]
-    threads = [threading.Thread(target=a.start) for a in agents]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    peers = {sid: addr for a in agents for sid, addr in a.addresses().items()}
-    for a in agents:
-        a.connect(peers)
+    agents = start_rack(rack)
     bring_up = time.monotonic() - started
     idle_pss = _rack_pss_bytes()  # the rack itself, before any payload is put on it
     try:
@@ -64,7 +55,7 @@ def bench_rack() -> list[BenchFigure]:
         return [
             BenchFigure("wall time to bring up 16 ready sockets", bring_up, "s", 8.0, "lower"),
             _link_throughput(agents[0]),
-            _functional_all_reduce(agents, sorted(peers)),
+            _functional_all_reduce(agents, sorted(s for a in agents for s in a.socket_ids)),
             BenchFigure("memory of the whole rack, idle (PSS)", idle_pss / 1e9, "GB", 3.0, "lower"),
         ]
     finally:

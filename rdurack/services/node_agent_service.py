@@ -10,7 +10,7 @@ from rdurack.rack.kernels import Phase
 from rdurack.rack.models import model
 from rdurack.services import convert
 from rdurack.services.errors import rpc
-from rdurack.v1 import node_agent_pb2, node_agent_pb2_grpc, rack_pb2
+from rdurack.v1 import common_pb2, node_agent_pb2, node_agent_pb2_grpc, rack_pb2
 
 SERVICE = node_agent_pb2.DESCRIPTOR.services_by_name["NodeAgentService"].full_name
 
@@ -61,6 +61,13 @@ class NodeAgentService(node_agent_pb2_grpc.NodeAgentServiceServicer):
     ) -> node_agent_pb2.RunKernelResponse:
         _require(request.job_id, "job_id")
         _require(list(request.socket_ids), "socket_ids")
+        if request.payload_mode == common_pb2.PAYLOAD_MODE_FUNCTIONAL:
+            # Computing a kernel needs a small model with real weights; the presets are
+            # shapes only. Refuse rather than silently time it.
+            raise InvalidRequest(
+                "payload_mode: FUNCTIONAL kernels need a model with real weights, which "
+                "the model presets do not have; run kernels in TIMING mode"
+            )
         phase = convert.phase(request.phase)
         group = len(request.group.members) or len(request.socket_ids)
         steps = request.output_tokens if phase is Phase.DECODE and request.output_tokens else 1

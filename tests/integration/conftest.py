@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -11,7 +10,7 @@ import pytest
 import ray
 
 from rdurack.node_agent.actors import start_ray
-from rdurack.node_agent.agent import NodeAgent
+from rdurack.node_agent.agent import NodeAgent, start_rack
 from rdurack.rack.presets import platform
 from rdurack.rack.spec import PlatformSpec
 from rdurack.services.grpc_server import Server, channel
@@ -43,18 +42,7 @@ def serve(agent: NodeAgent) -> ServedAgent:
 
 
 def start_agents(spec: PlatformSpec, link_timeout_s: float) -> list[ServedAgent]:
-    agents = [
-        NodeAgent(i, spec, link_timeout_s=link_timeout_s, call_timeout_s=60)
-        for i in range(spec.nodes)
-    ]
-    threads = [threading.Thread(target=a.start) for a in agents]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    peers = {sid: addr for a in agents for sid, addr in a.addresses().items()}
-    for a in agents:
-        a.connect(peers)
+    agents = start_rack(spec, link_timeout_s=link_timeout_s, call_timeout_s=60)
     return [serve(a) for a in agents]
 
 

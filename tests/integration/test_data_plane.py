@@ -223,6 +223,7 @@ def test_kernels_run_on_the_actors(rack: list[ServedAgent], job: str) -> None:
         ({"phase": 0}, grpc.StatusCode.INVALID_ARGUMENT),
         ({"sequence_length": 0}, grpc.StatusCode.INVALID_ARGUMENT),
         ({"socket_ids": ["rdu-n7-s0"]}, grpc.StatusCode.NOT_FOUND),
+        ({"payload_mode": common_pb2.PAYLOAD_MODE_FUNCTIONAL}, grpc.StatusCode.INVALID_ARGUMENT),
     ],
 )
 def test_bad_kernel_requests_get_proper_codes(
