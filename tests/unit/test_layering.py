@@ -22,6 +22,8 @@ FORBIDDEN = (
 PURE = {
     "rack": (*FORBIDDEN, "rdurack.workloads"),
     "workloads": FORBIDDEN,
+    # The core; services/ implements its gateway to node agents.
+    "orchestrator": tuple(f for f in FORBIDDEN if f != "rdurack.orchestrator"),
 }
 
 

@@ -1,0 +1,135 @@
+"""Jobs: what a client submits, the states a job moves through, and which moves are legal.
+
+    PENDING ──> SCHEDULED ──> RUNNING ──> SUCCEEDED
+       │            │            ├──────> FAILED
+       │            │            └──────> CANCELLED
+       │            └─> PENDING  (placement undone: a node refused, the orchestrator restarted)
+       │                  RUNNING ─> PENDING (retried by policy after a failure or restart)
+       └─> CANCELLED / FAILED (from any non-terminal state)
+
+A job is stored (PENDING) before its submission is acknowledged; terminal states never
+change again.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+from pydantic import Field
+
+from rdurack.rack.errors import InvalidRequest, RdurackError
+from rdurack.rack.kernels import FusionPlan, Phase
+from rdurack.rack.spec import Config
+
+
+class JobState(StrEnum):
+    PENDING = "PENDING"  # accepted and stored, waiting for sockets
+    SCHEDULED = "SCHEDULED"  # sockets chosen and reserved
+    RUNNING = "RUNNING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+
+    @property
+    def terminal(self) -> bool:
+        return self in TERMINAL
+
+
+TERMINAL = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
+TRANSITIONS: dict[JobState, frozenset[JobState]] = {
+    JobState.PENDING: frozenset({JobState.SCHEDULED, JobState.CANCELLED, JobState.FAILED}),
+    JobState.SCHEDULED: frozenset(
+        {JobState.RUNNING, JobState.PENDING, JobState.CANCELLED, JobState.FAILED}
+    ),
+    JobState.RUNNING: frozenset(
+        {JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.PENDING}
+    ),
+    JobState.SUCCEEDED: frozenset(),
+    JobState.FAILED: frozenset(),
+    JobState.CANCELLED: frozenset(),
+}
+
+
+class IllegalTransition(RdurackError):
+    """A job asked to move to a state the transition table does not allow."""
+
+    def __init__(self, job_id: str, current: JobState, wanted: JobState):
+        self.job_id, self.current, self.wanted = job_id, current, wanted
+        allowed = ", ".join(sorted(TRANSITIONS[current])) or "none: it is finished"
+        super().__init__(
+            f"job {job_id} is {current}; it cannot become {wanted} (allowed: {allowed})"
+        )
+
+    def __reduce__(self) -> tuple[type, tuple[str, JobState, JobState]]:
+        return (type(self), (self.job_id, self.current, self.wanted))
+
+
+# ------------------------------------------------------------------ specs (what clients send)
+
+
+class KernelWorkload(Config):
+    """Run a model's prefill, decode or training step on N sockets (tensor parallel)."""
+
+    kind: Literal["kernel"] = "kernel"
+    model: str
+    phase: Phase
+    plan: FusionPlan = FusionPlan.FUSED_HO
+    seq: int = Field(default=1024, gt=0, le=1 << 20)  # prompt length or decode context
+    batch: int = Field(default=1, gt=0, le=4096)
+    sockets: int = Field(default=8, gt=0, le=1024)
+    steps: int = Field(default=1, gt=0, le=1 << 20)  # decode: tokens generated
+
+
+# CoE inference and DDP training add their workload kinds to this union.
+Workload = Annotated[KernelWorkload, Field(discriminator="kind")]
+
+
+class JobSpec(Config):
+    name: str = Field(default="", max_length=200)
+    priority: int = Field(default=0, ge=-1000, le=1000)  # higher runs first
+    platform: str = Field(default="sn40l-rack16", max_length=100)
+    payload_mode: Literal["timing", "functional"] = "timing"
+    workload: Workload
+
+    @property
+    def sockets(self) -> int:
+        return self.workload.sockets
+
+
+# ------------------------------------------------------------------ a job (what the store keeps)
+
+
+@dataclass(frozen=True)
+class Job:
+    """One job as stored. Immutable: a change is a new Job from `moved` or `replace`."""
+
+    id: str
+    spec: JobSpec
+    state: JobState = JobState.PENDING
+    seq: int = 0  # submission order (FIFO within a priority); set by the store
+    client_request_id: str | None = None
+    sockets: tuple[str, ...] = ()
+    attempts: int = 0  # times it was started
+    created_s: float = field(default_factory=time.time)  # wall clock, seconds
+    updated_s: float = field(default_factory=time.time)
+    emulated_start_ns: int | None = None
+    emulated_end_ns: int | None = None
+    result: dict[str, Any] | None = None
+    error: str = ""
+
+    def moved(self, state: JobState, **changes: Any) -> Job:
+        """This job in `state`, if the transition table allows it."""
+        if state not in TRANSITIONS[self.state]:
+            raise IllegalTransition(self.id, self.state, state)
+        return replace(self, state=state, updated_s=time.time(), **changes)
+
+
+def parse_state(text: str) -> JobState:
+    try:
+        return JobState(text.upper())
+    except ValueError:
+        accepted = ", ".join(s.value for s in JobState)
+        raise InvalidRequest(f"unknown job state {text!r}; accepted: {accepted}") from None

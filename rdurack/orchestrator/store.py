@@ -1,0 +1,442 @@
+"""The job store: every job and its event history in one SQLite file.
+
+A job is written, and the write is on disk, before the orchestrator acknowledges it; a
+restarted orchestrator opens the same file, calls `recover()` and carries on with every
+job it had. All SQL of the orchestrator lives in this module.
+
+One connection serves every thread (the gRPC server's workers share the store): a lock
+serializes its use, and every write is one `BEGIN IMMEDIATE` transaction, so a job row
+and the event that records its change are both written or neither is.
+"""
+
+from __future__ import annotations
+
+import builtins
+import json
+import sqlite3
+import threading
+import time
+from collections.abc import Collection, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from rdurack.orchestrator.jobs import Job, JobSpec, JobState
+from rdurack.rack.errors import InvalidRequest, RdurackError, UnknownName
+
+# Bumped whenever the schema changes; kept in the file's `PRAGMA user_version`.
+SCHEMA_VERSION = 1
+
+# Job fields `transition` may change. The id, spec, submission order and creation time
+# are fixed at submission; the state and update time are set by `Job.moved`.
+MUTABLE_FIELDS = frozenset(
+    {"sockets", "attempts", "emulated_start_ns", "emulated_end_ns", "result", "error"}
+)
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (
+    id                TEXT PRIMARY KEY,
+    seq               INTEGER NOT NULL UNIQUE,  -- submission order, assigned by the store
+    client_request_id TEXT UNIQUE,              -- NULL for non-idempotent submissions
+    state             TEXT NOT NULL,
+    priority          INTEGER NOT NULL,         -- copy of spec.priority, for the index
+    spec              TEXT NOT NULL,            -- JobSpec as JSON
+    sockets           TEXT NOT NULL,            -- JSON list of socket names
+    attempts          INTEGER NOT NULL,
+    created_s         REAL NOT NULL,
+    updated_s         REAL NOT NULL,
+    emulated_start_ns INTEGER,
+    emulated_end_ns   INTEGER,
+    result            TEXT,                     -- JSON object or NULL
+    error             TEXT NOT NULL
+);
+-- The scheduler's question: the PENDING jobs, highest priority first, then FIFO.
+CREATE INDEX IF NOT EXISTS jobs_by_state ON jobs (state, priority, seq);
+CREATE TABLE IF NOT EXISTS events (
+    job_id  TEXT NOT NULL REFERENCES jobs (id),
+    seq     INTEGER NOT NULL,                   -- 1, 2, 3... within one job
+    kind    TEXT NOT NULL,
+    payload TEXT NOT NULL,                      -- JSON object
+    time_s  REAL NOT NULL,
+    PRIMARY KEY (job_id, seq)
+);
+"""
+
+_JOB_COLUMNS = (
+    "id, seq, client_request_id, state, priority, spec, sockets, attempts, created_s, "
+    "updated_s, emulated_start_ns, emulated_end_ns, result, error"
+)
+
+RESTART_ERROR = "orchestrator restarted while the job was running (attempt {n} of {m})"
+
+
+class UnsupportedStoreVersion(RdurackError):
+    """The store file was written by a newer rdurack whose schema this one does not know."""
+
+    def __init__(self, path: str, found: int, known: int):
+        self.path, self.found, self.known = path, found, known
+        super().__init__(
+            f"job store {path} has schema version {found}; this rdurack knows versions up "
+            f"to {known}: run a newer rdurack, or point it at another store path"
+        )
+
+    def __reduce__(self) -> tuple[type, tuple[str, int, int]]:
+        return (type(self), (self.path, self.found, self.known))
+
+
+@dataclass(frozen=True)
+class Event:
+    """One entry of a job's history, replayed by WatchJob."""
+
+    job_id: str
+    seq: int  # 1, 2, 3... within the job
+    kind: str  # "state" for a transition; other kinds are progress reports
+    payload: dict[str, Any]
+    time_s: float  # wall clock, seconds
+
+
+class JobStore:
+    """Jobs and their events in SQLite; see the module docstring."""
+
+    def __init__(self, path: str | Path):
+        self.path = str(path)
+        in_memory = self.path in (":memory:", "")
+        if not in_memory:
+            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        # isolation_level=None: no implicit transactions; `_write` opens them explicitly,
+        # so what is atomic is visible in the code. check_same_thread=False: the gRPC
+        # worker threads share this connection, and `_lock` serializes them.
+        self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        self._db.row_factory = sqlite3.Row  # columns by name in `_job`
+        self._lock = threading.Lock()
+        try:
+            self._open(in_memory)
+        except sqlite3.DatabaseError as e:  # e.g. "file is not a database"
+            self._db.close()
+            raise InvalidRequest(f"cannot open job store {self.path}: {e}") from e
+        except BaseException:
+            self._db.close()
+            raise
+
+    def _open(self, in_memory: bool) -> None:
+        if not in_memory:
+            # WAL: readers never block the writer, and a commit is one append to the log
+            # rather than a rewrite of the pages. (In-memory databases have no WAL.)
+            self._db.execute("PRAGMA journal_mode=WAL")
+        # FULL: each commit is fsynced before it returns. The orchestrator acknowledges a
+        # submission or a state change only after the commit, so an acknowledged job
+        # survives a crash or a power cut; with WAL's usual NORMAL the last commits could
+        # be lost on power failure even though the client was told they were stored.
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.execute("PRAGMA foreign_keys=ON")
+        with self._write() as db:
+            found = int(db.execute("PRAGMA user_version").fetchone()[0])
+            if found > SCHEMA_VERSION:
+                raise UnsupportedStoreVersion(self.path, found, SCHEMA_VERSION)
+            # executescript would COMMIT our transaction first; run statement by statement
+            # so the schema and its version appear together.
+            for statement in _SCHEMA.split(";"):
+                if statement.strip():
+                    db.execute(statement)
+            if found < SCHEMA_VERSION:
+                db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+
+    # ------------------------------------------------------------------ plumbing
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        """One atomic write: the lock, then BEGIN IMMEDIATE ... COMMIT (or ROLLBACK)."""
+        # IMMEDIATE takes SQLite's write lock before the first read, so a read-check-write
+        # sequence cannot interleave with another process writing the same file.
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    @contextmanager
+    def _read(self) -> Iterator[sqlite3.Connection]:
+        # Reads still take the lock: a sqlite3 connection is not safe to use from two
+        # threads at once, and a read must not run inside another thread's transaction.
+        with self._lock:
+            yield self._db
+
+    @staticmethod
+    def _job(row: sqlite3.Row) -> Job:
+        result = row["result"]
+        return Job(
+            id=row["id"],
+            spec=JobSpec.model_validate_json(row["spec"]),
+            state=JobState(row["state"]),
+            seq=row["seq"],
+            client_request_id=row["client_request_id"],
+            sockets=tuple(json.loads(row["sockets"])),
+            attempts=row["attempts"],
+            created_s=row["created_s"],
+            updated_s=row["updated_s"],
+            emulated_start_ns=row["emulated_start_ns"],
+            emulated_end_ns=row["emulated_end_ns"],
+            result=None if result is None else json.loads(result),
+            error=row["error"],
+        )
+
+    @staticmethod
+    def _load(db: sqlite3.Connection, job_id: str) -> Job:
+        row = db.execute(f"SELECT {_JOB_COLUMNS} FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        if row is None:
+            # No such job. Do not list the accepted ids: a long-lived store has thousands.
+            raise UnknownName("job", job_id, accepted=[])
+        return JobStore._job(row)
+
+    @staticmethod
+    def _append_event(
+        db: sqlite3.Connection, job_id: str, kind: str, payload: str, time_s: float
+    ) -> int:
+        """Append one event (payload already JSON); inside a write transaction, so no
+        other writer can take the same next number."""
+        (last,) = db.execute(
+            "SELECT COALESCE(MAX(seq), 0) FROM events WHERE job_id = ?", (job_id,)
+        ).fetchone()
+        seq = int(last) + 1
+        db.execute(
+            "INSERT INTO events (job_id, seq, kind, payload, time_s) VALUES (?, ?, ?, ?, ?)",
+            (job_id, seq, kind, payload, time_s),
+        )
+        return seq
+
+    @staticmethod
+    def _move(
+        db: sqlite3.Connection, job: Job, state: JobState, reason: str = "", **changes: Any
+    ) -> Job:
+        """Write `job` moved to `state` and its state event; inside a write transaction."""
+        new = job.moved(state, **changes)  # raises IllegalTransition
+        # Encode before writing anything, so a result that is not JSON changes nothing.
+        sockets = json.dumps(list(new.sockets))
+        result = None if new.result is None else json.dumps(new.result)
+        # Compare-and-set on the state we read: if the row moved meanwhile (another
+        # writer), nothing is written and the caller re-reads instead of overwriting.
+        done = db.execute(
+            "UPDATE jobs SET state = ?, sockets = ?, attempts = ?, updated_s = ?, "
+            "emulated_start_ns = ?, emulated_end_ns = ?, result = ?, error = ? "
+            "WHERE id = ? AND state = ?",
+            (
+                new.state.value,
+                sockets,
+                new.attempts,
+                new.updated_s,
+                new.emulated_start_ns,
+                new.emulated_end_ns,
+                result,
+                new.error,
+                job.id,
+                job.state.value,
+            ),
+        )
+        if done.rowcount != 1:
+            raise _StateChanged
+        payload: dict[str, Any] = {"state": new.state.value, "previous": job.state.value}
+        if "sockets" in changes:
+            payload["sockets"] = list(new.sockets)
+        if new.error and new.error != job.error:
+            payload["error"] = new.error
+        if reason:
+            payload["reason"] = reason
+        JobStore._append_event(db, job.id, "state", json.dumps(payload), new.updated_s)
+        return new
+
+    # ------------------------------------------------------------------ API
+
+    def submit(
+        self, job_id: str, spec: JobSpec, client_request_id: str | None = None
+    ) -> tuple[Job, bool]:
+        """Store a new PENDING job; (job, True). A reused client request id: (its job, False)."""
+        with self._write() as db:
+            if client_request_id is not None:
+                row = db.execute(
+                    f"SELECT {_JOB_COLUMNS} FROM jobs WHERE client_request_id = ?",
+                    (client_request_id,),
+                ).fetchone()
+                if row is not None:
+                    existing = self._job(row)
+                    if existing.spec != spec:
+                        raise InvalidRequest(
+                            f"client_request_id {client_request_id!r} was used for a "
+                            f"different job spec (job {existing.id}); use a new request id "
+                            "for a new job"
+                        )
+                    return existing, False  # a retried request: the job it already made
+            if db.execute("SELECT 1 FROM jobs WHERE id = ?", (job_id,)).fetchone():
+                raise InvalidRequest(f"job id {job_id!r} is already in the store")
+            # Jobs are never deleted, so MAX + 1 only grows; the write lock makes it unique.
+            (last,) = db.execute("SELECT COALESCE(MAX(seq), 0) FROM jobs").fetchone()
+            job = Job(id=job_id, spec=spec, seq=int(last) + 1, client_request_id=client_request_id)
+            db.execute(
+                f"INSERT INTO jobs ({_JOB_COLUMNS}) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    job.id,
+                    job.seq,
+                    job.client_request_id,
+                    job.state.value,
+                    spec.priority,
+                    spec.model_dump_json(),
+                    "[]",
+                    job.attempts,
+                    job.created_s,
+                    job.updated_s,
+                    None,
+                    None,
+                    None,
+                    job.error,
+                ),
+            )
+            first = json.dumps({"state": job.state.value})
+            self._append_event(db, job.id, "state", first, job.created_s)
+        return job, True
+
+    def get(self, job_id: str) -> Job:
+        with self._read() as db:
+            return self._load(db, job_id)
+
+    def list(self, states: Collection[JobState] | None = None) -> builtins.list[Job]:
+        """Every job (or those in `states`) in submission order."""
+        query = f"SELECT {_JOB_COLUMNS} FROM jobs"
+        args: tuple[str, ...] = ()
+        if states is not None:
+            if not states:
+                return []
+            args = tuple(JobState(s).value for s in states)
+            query += f" WHERE state IN ({', '.join('?' * len(args))})"
+        with self._read() as db:
+            rows = db.execute(query + " ORDER BY seq", args).fetchall()
+        return [self._job(r) for r in rows]
+
+    def queued(self) -> builtins.list[Job]:
+        """PENDING jobs in the order the scheduler should consider them."""
+        with self._read() as db:
+            rows = db.execute(
+                f"SELECT {_JOB_COLUMNS} FROM jobs WHERE state = ? ORDER BY priority DESC, seq",
+                (JobState.PENDING.value,),
+            ).fetchall()
+        return [self._job(r) for r in rows]
+
+    def transition(self, job_id: str, state: JobState, *, reason: str = "", **changes: Any) -> Job:
+        """Move a job to `state` (with `changes` to its mutable fields) and record the event.
+
+        Raises IllegalTransition when the table forbids the move, UnknownName for no such
+        job; in both cases nothing is written. `reason` goes into the event only.
+        """
+        unknown = sorted(set(changes) - MUTABLE_FIELDS)
+        if unknown:
+            raise InvalidRequest(
+                f"a transition cannot change {', '.join(unknown)}; it may change: "
+                f"{', '.join(sorted(MUTABLE_FIELDS))}"
+            )
+        if "sockets" in changes:
+            changes["sockets"] = tuple(changes["sockets"])
+        while True:
+            try:
+                with self._write() as db:
+                    return self._move(db, self._load(db, job_id), state, reason, **changes)
+            except _StateChanged:
+                # Another writer moved the job between our read and our write (only
+                # possible from another process: the lock and IMMEDIATE serialize this
+                # one). Re-read: the move may now be illegal, and `moved` will say so.
+                continue
+
+    def add_event(self, job_id: str, kind: str, payload: dict[str, Any]) -> int:
+        """Append a progress event to a job's history; returns its seq."""
+        text = json.dumps(payload)  # fail before writing if it is not JSON
+        with self._write() as db:
+            self._load(db, job_id)  # UnknownName for no such job
+            return self._append_event(db, job_id, kind, text, time.time())
+
+    def events(self, job_id: str, after: int = 0) -> builtins.list[Event]:
+        """The job's events with seq > `after`, oldest first."""
+        with self._read() as db:
+            rows = db.execute(
+                "SELECT seq, kind, payload, time_s FROM events "
+                "WHERE job_id = ? AND seq > ? ORDER BY seq",
+                (job_id, after),
+            ).fetchall()
+            if not rows:
+                self._load(db, job_id)  # no events, or no such job?
+        return [
+            Event(job_id, r["seq"], r["kind"], json.loads(r["payload"]), r["time_s"]) for r in rows
+        ]
+
+    def recover(
+        self, policy: Literal["retry", "fail"] = "retry", max_attempts: int = 3
+    ) -> builtins.list[Job]:
+        """At orchestrator start: settle every job a crash left SCHEDULED or RUNNING.
+
+        SCHEDULED jobs never started: back to PENDING with their placement undone.
+        RUNNING jobs lost their run: PENDING again if `policy` is "retry" and they have
+        been started fewer than `max_attempts` times, else FAILED. Returns the changed jobs.
+        """
+        if policy not in ("retry", "fail"):
+            raise InvalidRequest(f"unknown recovery policy {policy!r}; accepted: retry, fail")
+        if max_attempts < 1:
+            raise InvalidRequest(f"max_attempts must be at least 1, not {max_attempts}")
+        changed: builtins.list[Job] = []
+        # One transaction: a crash during recovery leaves every job as it was, and the
+        # next start recovers them all again.
+        with self._write() as db:
+            rows = db.execute(
+                f"SELECT {_JOB_COLUMNS} FROM jobs WHERE state IN (?, ?) ORDER BY seq",
+                (JobState.SCHEDULED.value, JobState.RUNNING.value),
+            ).fetchall()
+            for job in map(self._job, rows):
+                if job.state is JobState.SCHEDULED:
+                    new = self._move(
+                        db,
+                        job,
+                        JobState.PENDING,
+                        sockets=(),
+                        reason="orchestrator restarted before the job started; "
+                        "its placement was undone",
+                    )
+                else:
+                    why = RESTART_ERROR.format(n=job.attempts, m=max_attempts)
+                    if policy == "retry" and job.attempts < max_attempts:
+                        # Its emulated times belonged to the lost run; the event log keeps
+                        # the history.
+                        new = self._move(
+                            db,
+                            job,
+                            JobState.PENDING,
+                            reason=f"{why}; retrying",
+                            sockets=(),
+                            emulated_start_ns=None,
+                            emulated_end_ns=None,
+                        )
+                    else:
+                        new = self._move(
+                            db,
+                            job,
+                            JobState.FAILED,
+                            error=why,
+                            reason="retries exhausted"
+                            if policy == "retry"
+                            else "recovery policy is fail",
+                        )
+                changed.append(new)
+        return changed
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def __enter__(self) -> JobStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class _StateChanged(Exception):
+    """Internal: the compare-and-set in `_move` found the job in another state."""

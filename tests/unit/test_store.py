@@ -1,0 +1,492 @@
+"""JobStore: jobs survive restarts, transitions are atomic and legal, recovery settles crashes."""
+
+from __future__ import annotations
+
+import sqlite3
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from rdurack.orchestrator.jobs import IllegalTransition, Job, JobSpec, JobState, KernelWorkload
+from rdurack.orchestrator.store import SCHEMA_VERSION, JobStore, UnsupportedStoreVersion
+from rdurack.rack.errors import InvalidRequest, UnknownName
+from rdurack.rack.kernels import FusionPlan, Phase
+
+S = JobState
+
+
+def spec(name: str = "job", priority: int = 0, sockets: int = 8, **workload: object) -> JobSpec:
+    return JobSpec(
+        name=name,
+        priority=priority,
+        workload=KernelWorkload(model="llama3-8b", phase=Phase.DECODE, sockets=sockets, **workload),
+    )
+
+
+@pytest.fixture
+def db_path(tmp_path: Path) -> Path:
+    return tmp_path / "state" / "jobs.sqlite"  # the store creates the directory
+
+
+@pytest.fixture
+def store(db_path: Path) -> Iterator[JobStore]:
+    with JobStore(db_path) as s:
+        yield s
+
+
+def states(store: JobStore, job_id: str) -> list[str]:
+    return [e.payload["state"] for e in store.events(job_id) if e.kind == "state"]
+
+
+def run(store: JobStore, job_id: str, sockets: tuple[str, ...] = ("n0.s0",)) -> None:
+    """PENDING -> SCHEDULED -> RUNNING, started once more."""
+    store.transition(job_id, S.SCHEDULED, sockets=sockets)
+    attempts = store.get(job_id).attempts
+    store.transition(job_id, S.RUNNING, attempts=attempts + 1, emulated_start_ns=1_000)
+
+
+# ------------------------------------------------------------------ round trips
+
+
+def test_submit_get_list_round_trip_every_field(db_path: Path) -> None:
+    original = spec(
+        "decode-7", priority=5, sockets=4, plan=FusionPlan.KERNEL_LOOPED, seq=2048, steps=16
+    )
+    with JobStore(db_path) as store:
+        job, created = store.submit("j1", original, client_request_id="req-1")
+        assert created and job.state is S.PENDING and job.seq == 1
+        result = {"tokens_per_s": 1234.5, "per_socket": {"n0.s0": [1, 2]}, "ok": True}
+        store.transition("j1", S.SCHEDULED, sockets=("n0.s0", "n0.s1", "n1.s0", "n1.s1"))
+        store.transition("j1", S.RUNNING, attempts=1, emulated_start_ns=10)
+        done = store.transition(
+            "j1", S.SUCCEEDED, emulated_end_ns=2**62, result=result, error="a note"
+        )
+    with JobStore(db_path) as store:
+        again = store.get("j1")
+        assert again == done  # every field, timestamps included
+        assert again.spec == original and again.spec.workload.plan is FusionPlan.KERNEL_LOOPED
+        assert again.sockets == ("n0.s0", "n0.s1", "n1.s0", "n1.s1")
+        assert again.result == result
+        assert (again.client_request_id, again.attempts) == ("req-1", 1)
+        assert (again.emulated_start_ns, again.emulated_end_ns) == (10, 2**62)
+        assert again.created_s == job.created_s and again.updated_s >= again.created_s
+        assert store.list() == [again]
+
+
+def test_a_fresh_job_has_empty_optional_fields() -> None:
+    with JobStore(":memory:") as store:
+        job, _ = store.submit("j1", spec())
+        got = store.get("j1")
+        assert got == job
+        assert got.client_request_id is None and got.result is None and got.sockets == ()
+        assert got.emulated_start_ns is None and got.error == ""
+        assert [(e.seq, e.kind, e.payload) for e in store.events("j1")] == [
+            (1, "state", {"state": "PENDING"})
+        ]
+
+
+def test_list_filters_by_state_in_submission_order() -> None:
+    with JobStore(":memory:") as store:
+        for i in range(5):
+            store.submit(f"j{i}", spec(priority=i))
+        store.transition("j3", S.CANCELLED)
+        store.transition("j1", S.FAILED, error="boom")
+        assert [j.id for j in store.list()] == ["j0", "j1", "j2", "j3", "j4"]
+        assert [j.id for j in store.list({S.CANCELLED, S.FAILED})] == ["j1", "j3"]
+        assert [j.id for j in store.list([S.PENDING])] == ["j0", "j2", "j4"]
+        assert store.list([]) == []
+
+
+# ------------------------------------------------------------------ durability
+
+
+def test_file_store_uses_wal_and_full_sync(store: JobStore, db_path: Path) -> None:
+    assert store._db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert store._db.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
+    # WAL is a property of the file: another connection sees it too.
+    other = sqlite3.connect(db_path)
+    try:
+        assert other.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert other.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    finally:
+        other.close()
+
+
+def test_a_reopened_store_has_every_job_state_and_event(db_path: Path) -> None:
+    store = JobStore(db_path)
+    for i in range(6):
+        store.submit(f"j{i}", spec(priority=i % 2))
+    run(store, "j0")
+    store.transition("j0", S.SUCCEEDED, result={"ok": 1})
+    store.transition("j1", S.CANCELLED)
+    store.transition("j2", S.SCHEDULED, sockets=("n0.s0",))
+    store.add_event("j0", "progress", {"step": 1})
+    before = {j.id: j for j in store.list()}
+    history = {j: store.events(j) for j in before}
+    store.close()
+
+    restarted = JobStore(db_path)  # a new orchestrator process on the same file
+    jobs = restarted.list()
+    assert [j.id for j in jobs] == ["j0", "j1", "j2", "j3", "j4", "j5"]
+    assert [j.seq for j in jobs] == [1, 2, 3, 4, 5, 6]
+    assert {j.id: j for j in jobs} == before
+    assert [j.state for j in jobs] == [S.SUCCEEDED, S.CANCELLED, S.SCHEDULED, *[S.PENDING] * 3]
+    assert {j: restarted.events(j) for j in before} == history
+    assert states(restarted, "j0") == ["PENDING", "SCHEDULED", "RUNNING", "SUCCEEDED"]
+    # Submission order continues after the restart.
+    assert restarted.submit("j6", spec())[0].seq == 7
+    restarted.close()
+
+
+def test_an_acknowledged_write_survives_a_crash_without_close(db_path: Path) -> None:
+    # The child stores jobs and dies without closing the store or checkpointing the WAL.
+    code = (
+        "import os, sys\n"
+        "from rdurack.orchestrator.store import JobStore\n"
+        "from rdurack.orchestrator.jobs import JobSpec, JobState, KernelWorkload\n"
+        "s = JobStore(sys.argv[1])\n"
+        "w = KernelWorkload(model='m', phase='decode')\n"
+        "s.submit('a', JobSpec(workload=w))\n"
+        "s.submit('b', JobSpec(workload=w))\n"
+        "s.transition('a', JobState.SCHEDULED, sockets=('n0.s0',))\n"
+        "s.transition('a', JobState.RUNNING, attempts=1)\n"
+        "os._exit(0)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code, str(db_path)], capture_output=True)
+    assert done.returncode == 0, done.stderr.decode()
+    with JobStore(db_path) as store:
+        assert [(j.id, j.state) for j in store.list()] == [("a", S.RUNNING), ("b", S.PENDING)]
+        assert [(j.id, j.state) for j in store.recover()] == [("a", S.PENDING)]
+        assert [j.id for j in store.queued()] == ["a", "b"]
+
+
+# ------------------------------------------------------------------ idempotent submission
+
+
+def test_a_reused_client_request_id_returns_the_same_job(store: JobStore) -> None:
+    first, created = store.submit("j1", spec("x"), client_request_id="req-1")
+    assert created
+    again, created = store.submit("j2", spec("x"), client_request_id="req-1")
+    assert not created and again == first
+    assert [j.id for j in store.list()] == ["j1"]  # nothing new was stored
+    assert len(store.events("j1")) == 1
+    # It still answers after the job moved on.
+    store.transition("j1", S.CANCELLED)
+    assert store.submit("j3", spec("x"), client_request_id="req-1")[0].state is S.CANCELLED
+
+
+def test_a_reused_client_request_id_with_another_spec_is_refused(store: JobStore) -> None:
+    store.submit("j1", spec("x"), client_request_id="req-1")
+    with pytest.raises(InvalidRequest, match=r"req-1.*different job spec"):
+        store.submit("j2", spec("x", priority=3), client_request_id="req-1")
+    with pytest.raises(UnknownName):
+        store.get("j2")
+
+
+def test_a_duplicate_job_id_is_refused(store: JobStore) -> None:
+    store.submit("j1", spec())
+    with pytest.raises(InvalidRequest, match="'j1' is already"):
+        store.submit("j1", spec("other"))
+    with pytest.raises(InvalidRequest, match="'j1' is already"):
+        store.submit("j1", spec(), client_request_id="new")
+    assert len(store.list()) == 1 and store.get("j1").spec.name == "job"
+    # The refused submission did not claim its request id.
+    assert store.submit("j2", spec(), client_request_id="new")[1]
+
+
+def test_jobs_without_a_client_request_id_never_collide(store: JobStore) -> None:
+    store.submit("j1", spec())
+    store.submit("j2", spec())
+    assert [j.client_request_id for j in store.list()] == [None, None]
+
+
+# ------------------------------------------------------------------ scheduling order
+
+
+def test_queued_is_priority_first_then_fifo() -> None:
+    with JobStore(":memory:") as store:
+        for job_id, prio in [("a", 0), ("b", 5), ("c", -1), ("d", 5), ("e", 0), ("f", 9)]:
+            store.submit(job_id, spec(priority=prio))
+        store.transition("f", S.SCHEDULED, sockets=("n0.s0",))  # no longer queued
+        assert [j.id for j in store.queued()] == ["b", "d", "a", "e", "c"]
+        store.transition("f", S.PENDING, sockets=())  # placement undone: keeps its seq
+        assert [j.id for j in store.queued()] == ["f", "b", "d", "a", "e", "c"]
+
+
+# ------------------------------------------------------------------ transitions
+
+
+def test_an_illegal_transition_raises_and_changes_nothing(store: JobStore) -> None:
+    store.submit("j1", spec())
+    with pytest.raises(IllegalTransition, match="PENDING; it cannot become RUNNING"):
+        store.transition("j1", S.RUNNING, attempts=1)
+    run(store, "j1")
+    store.transition("j1", S.SUCCEEDED, result={"x": 1})
+    before, history = store.get("j1"), store.events("j1")
+    for target in JobState:
+        with pytest.raises(IllegalTransition, match="finished"):
+            store.transition("j1", target, error="late")
+    assert store.get("j1") == before and store.events("j1") == history
+
+
+def test_a_transition_cannot_rewrite_fixed_fields(store: JobStore) -> None:
+    store.submit("j1", spec())
+    with pytest.raises(InvalidRequest, match="cannot change priority, spec"):
+        store.transition("j1", S.SCHEDULED, spec=spec("new"), priority=3)
+    with pytest.raises(InvalidRequest, match="cannot change created_s, id, seq"):
+        store.transition("j1", S.SCHEDULED, seq=0, id="j9", created_s=0.0)
+    assert store.get("j1").state is S.PENDING and len(store.events("j1")) == 1
+
+
+def test_a_result_that_is_not_json_changes_nothing(store: JobStore) -> None:
+    store.submit("j1", spec())
+    run(store, "j1")
+    before, history = store.get("j1"), store.events("j1")
+    with pytest.raises(TypeError):
+        store.transition("j1", S.SUCCEEDED, result={"bad": object()})
+    assert store.get("j1") == before and store.events("j1") == history
+
+
+def test_transition_records_a_state_event(store: JobStore) -> None:
+    store.submit("j1", spec())
+    store.transition("j1", S.SCHEDULED, sockets=["n0.s0", "n0.s1"], reason="fits on node 0")
+    job = store.get("j1")
+    assert job.sockets == ("n0.s0", "n0.s1")  # a list is stored as a tuple
+    last = store.events("j1")[-1]
+    assert (last.seq, last.kind) == (2, "state")
+    assert last.payload == {
+        "state": "SCHEDULED",
+        "previous": "PENDING",
+        "sockets": ["n0.s0", "n0.s1"],
+        "reason": "fits on node 0",
+    }
+    assert last.time_s == job.updated_s
+
+
+def test_transition_of_an_unknown_job(store: JobStore) -> None:
+    with pytest.raises(UnknownName, match=r"unknown job 'nope'$"):
+        store.transition("nope", S.CANCELLED)
+
+
+def race_to_schedule(store: JobStore, job_id: str) -> tuple[list[str], list[Exception]]:
+    """Two threads, released together, each place `job_id` on its own node."""
+    barrier = threading.Barrier(2)
+    won: list[str] = []
+    lost: list[Exception] = []
+
+    def place(node: str) -> None:
+        barrier.wait()
+        try:
+            store.transition(job_id, S.SCHEDULED, sockets=(f"{node}.s0",))
+            won.append(node)
+        except IllegalTransition as e:
+            lost.append(e)
+
+    threads = [threading.Thread(target=place, args=(n,)) for n in ("n0", "n1")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return won, lost
+
+
+def test_racing_threads_cannot_both_schedule_a_job(store: JobStore) -> None:
+    for r in range(20):
+        store.submit(f"j{r}", spec())
+        won, lost = race_to_schedule(store, f"j{r}")
+        assert len(won) == 1 and len(lost) == 1, (won, lost)
+        job = store.get(f"j{r}")
+        assert job.state is S.SCHEDULED and job.sockets == (f"{won[0]}.s0",)
+        assert states(store, f"j{r}") == ["PENDING", "SCHEDULED"]
+
+
+def test_a_stale_read_loses_the_compare_and_set(
+    store: JobStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Another process moves the job between our read and our write: the write must not
+    # land on top of it. Simulate the stale read by serving an old copy once.
+    store.submit("j1", spec())
+    stale = store.get("j1")
+    store.transition("j1", S.SCHEDULED, sockets=("n1.s0",))
+    real_load = JobStore._load
+    served: list[Job] = []
+
+    def load_once_stale(db: sqlite3.Connection, job_id: str) -> Job:
+        if not served:
+            served.append(stale)
+            return stale
+        return real_load(db, job_id)
+
+    monkeypatch.setattr(JobStore, "_load", staticmethod(load_once_stale))
+    with pytest.raises(IllegalTransition, match="is SCHEDULED"):
+        store.transition("j1", S.SCHEDULED, sockets=("n0.s0",))
+    assert served == [stale]  # the stale copy was used, then re-read
+    assert store.get("j1").sockets == ("n1.s0",)
+    assert states(store, "j1") == ["PENDING", "SCHEDULED"]
+
+
+def test_two_stores_on_one_file_share_one_submission_order(db_path: Path) -> None:
+    with JobStore(db_path) as a, JobStore(db_path) as b:
+        for i in range(3):
+            a.submit(f"a{i}", spec())
+            b.submit(f"b{i}", spec())
+        assert [(j.id, j.seq) for j in a.list()] == [
+            ("a0", 1), ("b0", 2), ("a1", 3), ("b1", 4), ("a2", 5), ("b2", 6)
+        ]  # fmt: skip
+        b.transition("a0", S.CANCELLED)
+        assert a.get("a0").state is S.CANCELLED  # no stale cache
+
+
+# ------------------------------------------------------------------ events
+
+
+def test_events_after_n_returns_only_later_events(store: JobStore) -> None:
+    store.submit("j1", spec())
+    store.submit("j2", spec())
+    assert store.add_event("j1", "progress", {"step": 1}) == 2
+    assert store.add_event("j2", "progress", {"step": 1}) == 2  # seq is per job
+    run(store, "j1")
+    assert store.add_event("j1", "progress", {"step": 2, "note": "x"}) == 5
+    assert [e.seq for e in store.events("j1")] == [1, 2, 3, 4, 5]
+    later = store.events("j1", after=3)
+    assert [(e.seq, e.kind) for e in later] == [(4, "state"), (5, "progress")]
+    assert later[1].payload == {"step": 2, "note": "x"} and later[1].job_id == "j1"
+    assert store.events("j1", after=5) == []
+
+
+def test_events_and_get_of_an_unknown_job(store: JobStore) -> None:
+    store.submit("j1", spec())
+    for call in (
+        lambda: store.get("nope"),
+        lambda: store.events("nope"),
+        lambda: store.add_event("nope", "progress", {}),
+    ):
+        with pytest.raises(UnknownName, match=r"unknown job 'nope'$") as info:
+            call()
+        assert info.value.accepted == []  # never the list of every job
+
+
+def test_an_event_payload_that_is_not_json_is_refused(store: JobStore) -> None:
+    store.submit("j1", spec())
+    with pytest.raises(TypeError):
+        store.add_event("j1", "progress", {"x": {1, 2}})
+    assert len(store.events("j1")) == 1
+
+
+# ------------------------------------------------------------------ recovery
+
+
+def crashed_store(path: Path | str) -> JobStore:
+    """Jobs in every state, as a crash would leave them."""
+    store = JobStore(path)
+    for job_id in ("pending", "scheduled", "run1", "run3", "done", "failed", "cancelled"):
+        store.submit(job_id, spec())
+    store.transition("scheduled", S.SCHEDULED, sockets=("n0.s0",))
+    run(store, "run1")  # started once
+    run(store, "run3")  # started three times
+    store.transition("run3", S.PENDING, sockets=())
+    run(store, "run3")
+    store.transition("run3", S.PENDING, sockets=())
+    run(store, "run3")
+    run(store, "done")
+    store.transition("done", S.SUCCEEDED, result={"ok": True})
+    store.transition("failed", S.FAILED, error="bad model")
+    store.transition("cancelled", S.CANCELLED)
+    return store
+
+
+TERMINALS = ("done", "failed", "cancelled")
+
+
+def test_recover_retries_running_jobs_until_max_attempts(db_path: Path) -> None:
+    with crashed_store(db_path) as store:
+        untouched = {j: (store.get(j), store.events(j)) for j in (*TERMINALS, "pending")}
+    with JobStore(db_path) as store:
+        changed = store.recover(policy="retry", max_attempts=3)
+        assert [(j.id, j.state) for j in changed] == [
+            ("scheduled", S.PENDING),
+            ("run1", S.PENDING),
+            ("run3", S.FAILED),
+        ]
+        assert {j: (store.get(j), store.events(j)) for j in untouched} == untouched
+        scheduled, run1, run3 = (store.get(j) for j in ("scheduled", "run1", "run3"))
+        assert scheduled.sockets == () and scheduled.attempts == 0
+        assert run1.sockets == () and run1.attempts == 1 and run1.emulated_start_ns is None
+        assert run3.error == ("orchestrator restarted while the job was running (attempt 3 of 3)")
+        assert run3.sockets == ("n0.s0",)  # where it ran stays on record
+        assert "placement was undone" in store.events("scheduled")[-1].payload["reason"]
+        assert store.events("run1")[-1].payload["reason"] == (
+            "orchestrator restarted while the job was running (attempt 1 of 3); retrying"
+        )
+        assert store.events("run3")[-1].payload["error"] == run3.error
+        assert [j.id for j in store.queued()] == ["pending", "scheduled", "run1"]
+        assert store.recover() == []  # nothing left to settle
+
+
+def test_recover_with_a_higher_max_attempts_retries_more(db_path: Path) -> None:
+    with crashed_store(db_path) as store:
+        changed = store.recover(policy="retry", max_attempts=4)
+        assert {j.id: j.state for j in changed} == {
+            "scheduled": S.PENDING,
+            "run1": S.PENDING,
+            "run3": S.PENDING,
+        }
+
+
+def test_recover_with_the_fail_policy_fails_running_jobs(db_path: Path) -> None:
+    with crashed_store(db_path) as store:
+        terminal = {j: store.get(j) for j in TERMINALS}
+        changed = store.recover(policy="fail", max_attempts=3)
+        assert {j.id: j.state for j in changed} == {
+            "scheduled": S.PENDING,  # it never started: nothing was lost
+            "run1": S.FAILED,
+            "run3": S.FAILED,
+        }
+        assert store.get("run1").error == (
+            "orchestrator restarted while the job was running (attempt 1 of 3)"
+        )
+        assert store.events("run1")[-1].payload["reason"] == "recovery policy is fail"
+        assert {j: store.get(j) for j in TERMINALS} == terminal
+        assert len(store.list()) == 7  # never forgotten
+
+
+def test_recover_refuses_nonsense_arguments() -> None:
+    with JobStore(":memory:") as store:
+        with pytest.raises(InvalidRequest, match="policy"):
+            store.recover(policy="maybe")  # type: ignore[arg-type]
+        with pytest.raises(InvalidRequest, match="max_attempts"):
+            store.recover(max_attempts=0)
+
+
+# ------------------------------------------------------------------ opening
+
+
+def test_a_store_from_a_future_schema_is_refused(db_path: Path) -> None:
+    JobStore(db_path).close()
+    raw = sqlite3.connect(db_path)
+    raw.execute(f"PRAGMA user_version={SCHEMA_VERSION + 6}")
+    raw.commit()
+    raw.close()
+    with pytest.raises(UnsupportedStoreVersion, match=f"schema version {SCHEMA_VERSION + 6}"):
+        JobStore(db_path)
+    # Refusing it changed nothing.
+    raw = sqlite3.connect(db_path)
+    assert raw.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION + 6
+    raw.close()
+
+
+def test_a_file_that_is_not_a_database_is_refused(tmp_path: Path) -> None:
+    bogus = tmp_path / "jobs.sqlite"
+    bogus.write_bytes(b"this is not sqlite" * 100)
+    with pytest.raises(InvalidRequest, match="cannot open job store"):
+        JobStore(bogus)
+
+
+def test_in_memory_stores_are_independent() -> None:
+    with JobStore(":memory:") as a, JobStore(":memory:") as b:
+        a.submit("j1", spec())
+        assert b.list() == []
