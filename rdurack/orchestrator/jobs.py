@@ -71,16 +71,17 @@ class IllegalTransition(RdurackError):
 
 
 class KernelWorkload(Config):
-    """Run a model's prefill, decode or training step on N sockets (tensor parallel)."""
+    """Run a model's prefill, decode or training step on N sockets (tensor parallel).
+    Field names are those of the proto's KernelJob, so errors name what clients send."""
 
     kind: Literal["kernel"] = "kernel"
-    model: str
+    model: str = Field(min_length=1, max_length=100)
     phase: Phase
-    plan: FusionPlan = FusionPlan.FUSED_HO
-    seq: int = Field(default=1024, gt=0, le=1 << 20)  # prompt length or decode context
-    batch: int = Field(default=1, gt=0, le=4096)
-    sockets: int = Field(default=8, gt=0, le=1024)
-    steps: int = Field(default=1, gt=0, le=1 << 20)  # decode: tokens generated
+    fusion_plan: FusionPlan = FusionPlan.FUSED_HO
+    sequence_length: int = Field(default=1024, gt=0, le=1 << 20)  # prompt, or decode context
+    batch_size: int = Field(default=1, gt=0, le=4096)
+    num_sockets: int = Field(default=8, gt=0, le=1024)
+    output_tokens: int = Field(default=1, gt=0, le=1 << 20)  # decode: tokens generated
 
 
 # CoE inference and DDP training add their workload kinds to this union.
@@ -96,7 +97,7 @@ class JobSpec(Config):
 
     @property
     def sockets(self) -> int:
-        return self.workload.sockets
+        return self.workload.num_sockets
 
 
 # ------------------------------------------------------------------ a job (what the store keeps)

@@ -19,7 +19,9 @@ from rdurack.orchestrator.jobs import (
 from rdurack.rack.errors import InvalidRequest
 from rdurack.rack.kernels import FusionPlan, Phase
 
-SPEC = JobSpec(workload={"kind": "kernel", "model": "llama2-7b", "phase": "decode", "sockets": 4})
+SPEC = JobSpec(
+    workload={"kind": "kernel", "model": "llama2-7b", "phase": "decode", "num_sockets": 4}
+)
 
 
 def test_the_six_states_by_their_api_names() -> None:
@@ -71,11 +73,11 @@ def test_an_illegal_move_names_the_job_and_what_is_allowed() -> None:
 
 
 def test_specs_validate_with_field_paths() -> None:
-    assert SPEC.workload.phase is Phase.DECODE and SPEC.workload.plan is FusionPlan.FUSED_HO
+    assert SPEC.workload.phase is Phase.DECODE and SPEC.workload.fusion_plan is FusionPlan.FUSED_HO
     assert SPEC.sockets == 4
     with pytest.raises(ValidationError) as err:
-        JobSpec(workload={"kind": "kernel", "model": "x", "phase": "decode", "sockets": 0})
-    assert err.value.errors()[0]["loc"] == ("workload", "kernel", "sockets")
+        JobSpec(workload={"kind": "kernel", "model": "x", "phase": "decode", "num_sockets": 0})
+    assert err.value.errors()[0]["loc"] == ("workload", "kernel", "num_sockets")
     with pytest.raises(ValidationError):
         JobSpec(workload={"kind": "dance", "model": "x", "phase": "decode"})
     with pytest.raises(ValidationError):

@@ -23,7 +23,9 @@ def spec(name: str = "job", priority: int = 0, sockets: int = 8, **workload: obj
     return JobSpec(
         name=name,
         priority=priority,
-        workload=KernelWorkload(model="llama3-8b", phase=Phase.DECODE, sockets=sockets, **workload),
+        workload=KernelWorkload(
+            model="llama3-8b", phase=Phase.DECODE, num_sockets=sockets, **workload
+        ),
     )
 
 
@@ -54,7 +56,12 @@ def run(store: JobStore, job_id: str, sockets: tuple[str, ...] = ("n0.s0",)) -> 
 
 def test_submit_get_list_round_trip_every_field(db_path: Path) -> None:
     original = spec(
-        "decode-7", priority=5, sockets=4, plan=FusionPlan.KERNEL_LOOPED, seq=2048, steps=16
+        "decode-7",
+        priority=5,
+        sockets=4,
+        fusion_plan=FusionPlan.KERNEL_LOOPED,
+        sequence_length=2048,
+        output_tokens=16,
     )
     with JobStore(db_path) as store:
         job, created = store.submit("j1", original, client_request_id="req-1")
@@ -68,7 +75,9 @@ def test_submit_get_list_round_trip_every_field(db_path: Path) -> None:
     with JobStore(db_path) as store:
         again = store.get("j1")
         assert again == done  # every field, timestamps included
-        assert again.spec == original and again.spec.workload.plan is FusionPlan.KERNEL_LOOPED
+        assert (
+            again.spec == original and again.spec.workload.fusion_plan is FusionPlan.KERNEL_LOOPED
+        )
         assert again.sockets == ("n0.s0", "n0.s1", "n1.s0", "n1.s1")
         assert again.result == result
         assert (again.client_request_id, again.attempts) == ("req-1", 1)
