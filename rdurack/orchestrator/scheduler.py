@@ -107,15 +107,17 @@ class Scheduler:
         k = spec.sockets
         shape = f"{self.nodes} nodes x {self.sockets_per_node}"
         if k <= 0:
-            raise InvalidRequest(f"workload.num_sockets: {k} sockets asked; a job needs at least 1")
+            raise InvalidRequest(
+                f"spec.kernel.num_sockets: {k} sockets asked; a job needs at least 1"
+            )
         if k > self.total:
             raise InvalidRequest(
-                f"workload.num_sockets: {k} sockets asked; the rack has {self.total} ({shape})"
+                f"spec.kernel.num_sockets: {k} sockets asked; the rack has {self.total} ({shape})"
             )
         if self.split(k) is None:
             fits = [s for s in range(self.sockets_per_node + 1, self.total + 1) if self.split(s)]
             raise InvalidRequest(
-                f"workload.num_sockets: {k} sockets asked; a job wider than one node "
+                f"spec.kernel.num_sockets: {k} sockets asked; a job wider than one node "
                 f"({self.sockets_per_node} sockets) must use the same socket indices on each "
                 f"node it spans (rail-aligned), so it must split evenly over at most "
                 f"{self.nodes} nodes ({shape}); sizes above {self.sockets_per_node} that fit: "

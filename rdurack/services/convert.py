@@ -22,6 +22,8 @@ PLANS: dict[int, FusionPlan] = {
     common_pb2.FUSION_PLAN_FUSED_HO: FusionPlan.FUSED_HO,
     common_pb2.FUSION_PLAN_KERNEL_LOOPED: FusionPlan.KERNEL_LOOPED,
 }
+PHASE_TO_PROTO = {v: common_pb2.Phase.ValueType(k) for k, v in PHASES.items()}
+PLAN_TO_PROTO = {v: common_pb2.FusionPlan.ValueType(k) for k, v in PLANS.items()}
 TIERS = {
     Tier.SRAM: common_pb2.TIER_SRAM,
     Tier.HBM: common_pb2.TIER_HBM,

@@ -62,3 +62,19 @@ def rpc(method: F) -> F:
             context.abort(grpc.StatusCode.INTERNAL, f"{method.__name__}: {type(e).__name__}: {e}")
 
     return cast(F, wrapper)
+
+
+def rpc_stream(method: F) -> F:
+    """`rpc` for server-streaming methods: errors surface while the stream is iterated."""
+
+    @functools.wraps(method)
+    def wrapper(self: Any, request: Any, context: grpc.ServicerContext) -> Any:
+        try:
+            yield from method(self, request, context)
+        except RdurackError as e:
+            context.abort(status_of(e), str(e))
+        except Exception as e:
+            log.exception("%s failed", method.__name__)
+            context.abort(grpc.StatusCode.INTERNAL, f"{method.__name__}: {type(e).__name__}: {e}")
+
+    return cast(F, wrapper)

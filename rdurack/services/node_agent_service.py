@@ -69,7 +69,7 @@ class NodeAgentService(node_agent_pb2_grpc.NodeAgentServiceServicer):
                 "the model presets do not have; run kernels in TIMING mode"
             )
         phase = convert.phase(request.phase)
-        group = len(request.group.members) or len(request.socket_ids)
+        group = request.group_size or len(request.group.members) or len(request.socket_ids)
         steps = request.output_tokens if phase is Phase.DECODE and request.output_tokens else 1
         runs = self.agent.run_kernel(
             request.job_id,

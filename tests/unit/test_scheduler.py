@@ -223,11 +223,15 @@ def test_an_unknown_socket_is_refused() -> None:
 def test_check_refuses_more_sockets_than_the_rack_has() -> None:
     with pytest.raises(InvalidRequest) as err:
         Scheduler(2, 8).check(spec(17))
-    assert str(err.value) == "workload.num_sockets: 17 sockets asked; the rack has 16 (2 nodes x 8)"
+    assert (
+        str(err.value) == "spec.kernel.num_sockets: 17 sockets asked; the rack has 16 (2 nodes x 8)"
+    )
 
 
 def test_check_refuses_a_size_that_cannot_be_rail_aligned() -> None:
-    with pytest.raises(InvalidRequest, match=r"^workload\.num_sockets: 11 sockets asked") as err:
+    with pytest.raises(
+        InvalidRequest, match=r"^spec\.kernel\.num_sockets: 11 sockets asked"
+    ) as err:
         Scheduler(2, 8).check(spec(11))
     assert "10, 12, 14, 16" in str(err.value)
 

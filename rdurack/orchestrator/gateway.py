@@ -1,0 +1,75 @@
+"""How the orchestrator reaches node agents: a protocol that services/ implements over
+gRPC (and tests may implement in memory). The orchestrator core never imports gRPC."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from rdurack.orchestrator.jobs import KernelWorkload
+
+
+@dataclass(frozen=True)
+class TierView:
+    used_bytes: int
+    peak_bytes: int
+    capacity_bytes: int
+
+
+@dataclass(frozen=True)
+class SocketView:
+    socket_id: str
+    node: int
+    healthy: bool
+    job_id: str = ""
+    clock_ns: int = 0
+    link_address: str = ""
+    tiers: dict[str, TierView] = field(default_factory=dict)  # "sram" | "hbm" | "ddr"
+
+
+@dataclass(frozen=True)
+class NodeView:
+    index: int
+    address: str
+    healthy: bool
+    sockets: tuple[SocketView, ...] = ()
+    error: str = ""  # why the node is unhealthy (agent unreachable, ...)
+
+
+@dataclass(frozen=True)
+class KernelRun:
+    """One socket's share of a kernel job, in emulated ns."""
+
+    socket_id: str
+    start_ns: int
+    end_ns: int
+    kernel_calls: int
+    hbm_bytes: int
+
+
+class NodeGateway(Protocol):
+    def nodes(self) -> list[NodeView]:
+        """Every node agent's view of its sockets; an unreachable agent is a NodeView
+        with healthy False (never an exception)."""
+        ...
+
+    def reserve(self, node: int, job_id: str, sockets: Sequence[str]) -> None:
+        """All of `sockets` (of one node) for `job_id`, or none; raises SocketBusy or
+        LinkFailure."""
+        ...
+
+    def release(self, node: int, job_id: str, sockets: Sequence[str]) -> None: ...
+
+    def run_kernel(
+        self,
+        node: int,
+        job_id: str,
+        sockets: Sequence[str],
+        workload: KernelWorkload,
+        steps: int,
+        start_ns: int,
+    ) -> list[KernelRun]:
+        """This node's share of a kernel job: `steps` steps on `sockets` (the TP group
+        is the job's `workload.num_sockets` sockets), starting at `start_ns`."""
+        ...

@@ -1,0 +1,331 @@
+"""The orchestrator: accepts jobs, schedules them on the rack, runs them, records all.
+
+A plain class. services/job_service.py serves it over gRPC; it reaches node agents only
+through a NodeGateway. Every state change goes through the job store (written before it
+is acknowledged) and its transition table, so a cancelled or finished job is never
+overwritten by a late worker.
+
+One scheduling thread places queued jobs; a pool of workers runs them. A job starts at
+the latest emulated clock of its sockets (DESIGN: clocks meet at a job's start).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Literal
+
+from rdurack.orchestrator.gateway import KernelRun, NodeGateway, NodeView
+from rdurack.orchestrator.jobs import IllegalTransition, Job, JobSpec, JobState, KernelWorkload
+from rdurack.orchestrator.scheduler import Scheduler
+from rdurack.orchestrator.store import Event, JobStore
+from rdurack.rack.errors import InvalidRequest, LinkFailure, RdurackError, SocketBusy
+from rdurack.rack.kernels import Phase, step
+from rdurack.rack.models import builtin_models
+from rdurack.rack.spec import PlatformSpec
+from rdurack.rack.topology import SocketId, Topology
+from rdurack.workloads.predictor import Predictor
+
+log = logging.getLogger(__name__)
+ACTIVE = (JobState.SCHEDULED, JobState.RUNNING)
+
+
+class Orchestrator:
+    def __init__(
+        self,
+        store: JobStore,
+        gateway: NodeGateway,
+        platform: PlatformSpec,
+        *,
+        recovery: Literal["retry", "fail"] = "retry",
+        max_attempts: int = 3,
+        progress_chunks: int = 10,
+        poll_s: float = 0.5,
+    ) -> None:
+        self.store = store
+        self.gateway = gateway
+        self.platform = platform
+        self.recovery = recovery
+        self.max_attempts = max_attempts
+        self.progress_chunks = progress_chunks
+        self.poll_s = poll_s
+        self.scheduler = Scheduler(platform.nodes, platform.node.sockets)
+        self.predictor = Predictor(platform)
+        self.models = builtin_models()
+        self._topology = Topology(platform)
+        self._wake = threading.Condition()
+        self._events = threading.Condition()  # notified on every new event (watchers)
+        self._stop = threading.Event()
+        self._cancelled: set[str] = set()
+        self._workers = ThreadPoolExecutor(max_workers=platform.sockets, thread_name_prefix="job")
+        self._thread: threading.Thread | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> list[Job]:
+        """Recover what a previous run left scheduled or running, then start scheduling."""
+        recovered = self.store.recover(self.recovery, self.max_attempts)
+        self._thread = threading.Thread(target=self._loop, name="scheduler", daemon=True)
+        self._thread.start()
+        return recovered
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._kick()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        self._workers.shutdown(wait=True, cancel_futures=False)
+        with self._events:
+            self._events.notify_all()
+
+    # ------------------------------------------------------------------ the API
+
+    def validate(self, spec: JobSpec) -> None:
+        """Refuse, before storing, what could never run: the wrong platform, an unknown
+        model, an impossible socket count, a model that does not fit its sockets."""
+        if spec.platform != self.platform.name:
+            raise InvalidRequest(
+                f"spec.platform: this rack is {self.platform.name!r}, not {spec.platform!r}"
+            )
+        if spec.payload_mode == "functional":
+            raise InvalidRequest(
+                "spec.payload_mode: FUNCTIONAL kernel jobs need models with real weights; "
+                "the presets have none: use TIMING"
+            )
+        w = spec.workload
+        if w.model not in self.models:
+            accepted = ", ".join(sorted(self.models))
+            raise InvalidRequest(
+                f"spec.kernel.model: unknown model {w.model!r}; accepted: {accepted}"
+            )
+        self.scheduler.check(spec)
+        model = self.models[w.model]
+        step(model, w.phase, w.batch_size, w.sequence_length, w.num_sockets)  # TP divides
+        kv_tokens = (
+            0 if w.phase is Phase.TRAIN else w.batch_size * (w.sequence_length + w.output_tokens)
+        )
+        self.predictor.check_fits_hbm(model, w.num_sockets, kv_tokens)
+
+    def submit(self, spec: JobSpec, client_request_id: str | None = None) -> tuple[Job, bool]:
+        self.validate(spec)
+        job, created = self.store.submit(uuid.uuid4().hex[:12], spec, client_request_id or None)
+        if created:
+            self._notify()
+            self._kick()
+        return job, created
+
+    def get(self, job_id: str) -> Job:
+        return self.store.get(job_id)
+
+    def jobs(self, states: Sequence[JobState] | None = None) -> list[Job]:
+        return self.store.list(states or None)
+
+    def cancel(self, job_id: str, reason: str = "") -> Job:
+        """Cancel a job that has not finished. A running job's sockets are released as
+        soon as its current kernel call returns."""
+        self._cancelled.add(job_id)
+        job = self.store.transition(
+            job_id, JobState.CANCELLED, reason=reason or "cancelled by the client"
+        )
+        self._notify()
+        self._kick()
+        return job
+
+    def events(self, job_id: str, after: int = 0) -> list[Event]:
+        return self.store.events(job_id, after)
+
+    def watch(
+        self, job_id: str, after: int = 0, still_wanted: Callable[[], bool] = lambda: True
+    ) -> Iterator[Event]:
+        """Every event of a job after `after`, as they happen, until the job is finished
+        (or the watcher goes away, or the orchestrator stops)."""
+        self.store.get(job_id)  # unknown ids fail now, not after a wait
+        while True:
+            events = self.store.events(job_id, after)
+            yield from events
+            if events:
+                after = events[-1].seq
+            if self.store.get(job_id).state.terminal and not self.store.events(job_id, after):
+                return
+            with self._events:
+                if not still_wanted() or self._stop.is_set():
+                    return
+                self._events.wait(timeout=self.poll_s)
+
+    def rack(self) -> list[NodeView]:
+        return self.gateway.nodes()
+
+    # ------------------------------------------------------------------ scheduling
+
+    def _kick(self) -> None:
+        with self._wake:
+            self._wake.notify_all()
+
+    def _notify(self) -> None:
+        with self._events:
+            self._events.notify_all()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.schedule_once()
+            except Exception:  # the loop must survive anything; the next round retries
+                log.exception("scheduling round failed")
+            with self._wake:
+                self._wake.wait(timeout=self.poll_s)
+
+    def schedule_once(self) -> int:
+        """One scheduling round; returns how many jobs it started."""
+        queued = self.store.queued()
+        if not queued:
+            return 0
+        busy = {s for j in self.store.list(list(ACTIVE)) for s in j.sockets}
+        placements = self.scheduler.schedule(queued, busy, self._unhealthy())
+        started = 0
+        by_id = {j.id: j for j in queued}
+        for p in placements:
+            if self._place(by_id[p.job_id], p.sockets):
+                started += 1
+        return started
+
+    def _unhealthy(self) -> set[str]:
+        bad: set[str] = set()
+        for node in self.gateway.nodes():
+            if not node.healthy and not node.sockets:
+                bad |= {str(s) for s in self._topology.sockets if s.node == node.index}
+            bad |= {s.socket_id for s in node.sockets if not s.healthy}
+        return bad
+
+    def _by_node(self, sockets: Sequence[str]) -> dict[int, list[str]]:
+        nodes: dict[int, list[str]] = {}
+        for sid in sockets:
+            nodes.setdefault(SocketId.parse(sid).node, []).append(sid)
+        return nodes
+
+    def _place(self, job: Job, sockets: Sequence[str]) -> bool:
+        """Reserve a placement on every node (all or none), then mark the job SCHEDULED
+        and hand it to a worker."""
+        held: list[tuple[int, list[str]]] = []
+        try:
+            for node, ids in self._by_node(sockets).items():
+                self.gateway.reserve(node, job.id, ids)
+                held.append((node, ids))
+            self.store.transition(job.id, JobState.SCHEDULED, sockets=tuple(sockets))
+        except (SocketBusy, LinkFailure, IllegalTransition) as e:
+            for node, ids in held:
+                self._release(node, job.id, ids)
+            if not isinstance(e, IllegalTransition):
+                self.store.add_event(job.id, "placement", {"error": str(e)})
+            return False
+        self._notify()
+        self._workers.submit(self._run, job.id)
+        return True
+
+    def _release(self, node: int, job_id: str, sockets: Sequence[str]) -> None:
+        try:
+            self.gateway.release(node, job_id, sockets)
+        except RdurackError as e:  # a dead agent frees its sockets anyway
+            log.warning("release of %s on node %d failed: %s", job_id, node, e)
+
+    # ------------------------------------------------------------------ running
+
+    def _run(self, job_id: str) -> None:
+        job = self.store.get(job_id)
+        nodes = self._by_node(job.sockets)
+        try:
+            if job.state is not JobState.SCHEDULED or job_id in self._cancelled:
+                return
+            self._execute(job, nodes)
+        except IllegalTransition:
+            pass  # cancelled while running: the store already says so
+        except (LinkFailure, SocketBusy) as e:
+            self._failed(job_id, str(e), retry=True)
+        except RdurackError as e:
+            self._failed(job_id, str(e), retry=False)
+        except Exception as e:  # never leave a job hanging in RUNNING
+            log.exception("job %s failed", job_id)
+            self._failed(job_id, f"internal error: {type(e).__name__}: {e}", retry=False)
+        finally:
+            for node, ids in nodes.items():
+                self._release(node, job_id, ids)
+            self._notify()
+            self._kick()
+
+    def _execute(self, job: Job, nodes: dict[int, list[str]]) -> None:
+        clocks = {s.socket_id: s.clock_ns for n in self.gateway.nodes() for s in n.sockets}
+        start = max(clocks.get(s, 0) for s in job.sockets)
+        job = self.store.transition(
+            job.id, JobState.RUNNING, attempts=job.attempts + 1, emulated_start_ns=start
+        )
+        self._notify()
+        w = job.spec.workload
+        total = w.output_tokens if w.phase is Phase.DECODE else 1
+        chunks = _split(total, min(self.progress_chunks, total))
+        now, done, calls, hbm_bytes = start, 0, 0, 0
+        for steps in chunks:
+            if job.id in self._cancelled:
+                return
+            runs = self._run_on_nodes(job.id, nodes, w, steps, now)
+            now = max(r.end_ns for r in runs)
+            done += steps
+            calls += max(r.kernel_calls for r in runs)  # per socket: all run the same kernels
+            hbm_bytes += max(r.hbm_bytes for r in runs)
+            self.store.add_event(
+                job.id,
+                "progress",
+                {
+                    "fraction": done / total,
+                    "message": f"{done} of {total} steps",
+                    "emulated_ns": now,
+                },
+            )
+            self._notify()
+        result = self._result(w, now - start, total, calls, hbm_bytes)
+        # The result event first: a watcher stops once the job is finished.
+        self.store.add_event(job.id, "result", result)
+        self.store.transition(job.id, JobState.SUCCEEDED, result=result, emulated_end_ns=now)
+
+    def _run_on_nodes(
+        self, job_id: str, nodes: dict[int, list[str]], w: KernelWorkload, steps: int, start: int
+    ) -> list[KernelRun]:
+        with ThreadPoolExecutor(max_workers=len(nodes)) as pool:
+            futures = [
+                pool.submit(self.gateway.run_kernel, node, job_id, ids, w, steps, start)
+                for node, ids in nodes.items()
+            ]
+            return [r for f in futures for r in f.result()]
+
+    def _result(
+        self, w: KernelWorkload, emulated_ns: int, steps: int, calls: int, hbm_bytes: int
+    ) -> dict[str, Any]:
+        """A kernel job's result; bytes and calls are per socket."""
+        emulated_s = emulated_ns * 1e-9
+        peak = self.platform.socket.hbm.bandwidth_bytes_per_s
+        result: dict[str, Any] = {
+            "emulated_s": emulated_s,
+            "kernel_calls": calls,
+            "hbm_bandwidth_utilization": hbm_bytes / (emulated_s * peak) if emulated_s else 0.0,
+        }
+        if w.phase is Phase.DECODE:
+            result["tokens_per_s"] = w.batch_size * steps / emulated_s if emulated_s else 0.0
+        return result
+
+    def _failed(self, job_id: str, error: str, retry: bool) -> None:
+        job = self.store.get(job_id)
+        try:
+            if retry and job.state in ACTIVE and job.attempts < self.max_attempts:
+                self.store.transition(
+                    job_id, JobState.PENDING, sockets=(), reason=f"retrying after: {error}"
+                )
+            elif not job.state.terminal:
+                self.store.transition(job_id, JobState.FAILED, error=error)
+        except IllegalTransition:
+            pass  # cancelled meanwhile
+
+
+def _split(total: int, parts: int) -> list[int]:
+    base, extra = divmod(total, parts)
+    return [base + (1 if i < extra else 0) for i in range(parts)]

@@ -1,0 +1,129 @@
+"""The orchestrator's NodeGateway over gRPC: one NodeAgentService per rack node."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import grpc
+
+from rdurack.orchestrator.gateway import KernelRun, NodeView, SocketView, TierView
+from rdurack.orchestrator.jobs import KernelWorkload
+from rdurack.rack.errors import InvalidRequest, LinkFailure, RdurackError
+from rdurack.services import convert
+from rdurack.services.grpc_server import channel
+from rdurack.v1 import node_agent_pb2, node_agent_pb2_grpc, rack_pb2
+
+TIER_NAMES = {v: k.value for k, v in convert.TIERS.items()}
+# Agent refusals the orchestrator retries later (busy, unreachable); others fail the job.
+RETRYABLE = {
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.DEADLINE_EXCEEDED,
+    grpc.StatusCode.FAILED_PRECONDITION,
+    grpc.StatusCode.ABORTED,
+}
+
+
+class GrpcNodeGateway:
+    """`agents[i]` is the address of node i's agent."""
+
+    def __init__(self, agents: Sequence[str], timeout_s: float = 120.0, probe_s: float = 5.0):
+        if not agents:
+            raise InvalidRequest("at least one node agent address is needed")
+        self.addresses = list(agents)
+        self.timeout_s = timeout_s
+        self.probe_s = probe_s
+        self._channels = [channel(a) for a in self.addresses]
+        self._stubs = [node_agent_pb2_grpc.NodeAgentServiceStub(c) for c in self._channels]
+
+    def close(self) -> None:
+        for c in self._channels:
+            c.close()
+
+    def _call(self, node: int, what: str, method: str, request: object, timeout_s: float) -> object:
+        if not 0 <= node < len(self._stubs):
+            raise InvalidRequest(f"no agent for node {node}")
+        try:
+            return getattr(self._stubs[node], method)(request, timeout=timeout_s)
+        except grpc.RpcError as e:
+            code = e.code() if hasattr(e, "code") else grpc.StatusCode.UNKNOWN
+            details = e.details() if hasattr(e, "details") else str(e)
+            message = f"node {node} ({self.addresses[node]}): {what}: {details}"
+            if code in RETRYABLE:
+                raise LinkFailure(message) from None
+            raise RdurackError(message) from None
+
+    def nodes(self) -> list[NodeView]:
+        views = []
+        for i in range(len(self._stubs)):
+            try:
+                reply = self._call(
+                    i, "status", "GetNode", node_agent_pb2.GetNodeRequest(), self.probe_s
+                )
+            except RdurackError as e:
+                views.append(NodeView(i, self.addresses[i], False, (), str(e)))
+                continue
+            assert isinstance(reply, node_agent_pb2.GetNodeResponse)
+            views.append(_node_view(reply.node, self.addresses[i]))
+        return views
+
+    def reserve(self, node: int, job_id: str, sockets: Sequence[str]) -> None:
+        request = node_agent_pb2.ReserveSocketsRequest(job_id=job_id, socket_ids=list(sockets))
+        self._call(node, f"reserve for {job_id}", "ReserveSockets", request, self.timeout_s)
+
+    def release(self, node: int, job_id: str, sockets: Sequence[str]) -> None:
+        request = node_agent_pb2.ReleaseSocketsRequest(job_id=job_id, socket_ids=list(sockets))
+        self._call(node, f"release for {job_id}", "ReleaseSockets", request, self.timeout_s)
+
+    def run_kernel(
+        self,
+        node: int,
+        job_id: str,
+        sockets: Sequence[str],
+        workload: KernelWorkload,
+        steps: int,
+        start_ns: int,
+    ) -> list[KernelRun]:
+        request = node_agent_pb2.RunKernelRequest(
+            job_id=job_id,
+            socket_ids=list(sockets),
+            model=workload.model,
+            phase=convert.PHASE_TO_PROTO[workload.phase],
+            fusion_plan=convert.PLAN_TO_PROTO[workload.fusion_plan],
+            sequence_length=workload.sequence_length,
+            batch_size=workload.batch_size,
+            output_tokens=steps,
+            emulated_start_ns=start_ns,
+            group_size=workload.num_sockets,
+        )
+        reply = self._call(node, f"kernel of {job_id}", "RunKernel", request, self.timeout_s)
+        assert isinstance(reply, node_agent_pb2.RunKernelResponse)
+        return [
+            KernelRun(
+                t.socket_id,
+                t.emulated_start_ns,
+                t.emulated_end_ns,
+                t.kernel_calls,
+                t.hbm_traffic_bytes,
+            )
+            for t in reply.sockets
+        ]
+
+
+def _node_view(node: rack_pb2.NodeStatus, address: str) -> NodeView:
+    sockets = tuple(
+        SocketView(
+            socket_id=s.ref.id,
+            node=s.ref.node_index,
+            healthy=s.health == rack_pb2.SOCKET_HEALTH_HEALTHY,
+            job_id=s.current_job_id,
+            clock_ns=s.emulated_clock_ns,
+            link_address=s.link_address,
+            tiers={
+                TIER_NAMES[t.tier]: TierView(t.used_bytes, t.peak_bytes, t.capacity_bytes)
+                for t in s.tiers
+                if t.tier in TIER_NAMES
+            },
+        )
+        for s in node.sockets
+    )
+    return NodeView(node.index, address, node.healthy, sockets)

@@ -1,0 +1,98 @@
+"""The orchestrator as a process: `python -m rdurack.services.orchestrator_main`.
+
+Settings come from flags, else the environment:
+
+    --agents      RDURACK_AGENTS             node agent addresses, node 0 first, comma-separated
+    --state-dir   RDURACK_STATE_DIR          where the job store lives (DIR/jobs.sqlite)
+    --host        RDURACK_HOST               address to serve on (default 127.0.0.1)
+    --port        RDURACK_ORCHESTRATOR_PORT  JobService/RackService port (default 50051)
+    --platform    RDURACK_PLATFORM           platform preset (default sn40l-rack16)
+    --spec        RDURACK_SPEC               what-if YAML applied to the platform
+    --recovery    RDURACK_RECOVERY           jobs running at a crash: retry (default) or fail
+
+It prints one line `orchestrator ready at <host:port>` once it serves.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+
+from rdurack.orchestrator.orchestrator import Orchestrator
+from rdurack.orchestrator.store import JobStore
+from rdurack.rack.errors import RdurackError
+from rdurack.rack.whatif import load_platform
+from rdurack.services.gateway import GrpcNodeGateway
+from rdurack.services.grpc_server import Server
+from rdurack.services.job_service import JOB_SERVICE, RACK_SERVICE, JobService, RackService
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    env = os.environ.get
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--agents", default=env("RDURACK_AGENTS", ""))
+    p.add_argument("--state-dir", type=Path, default=Path(env("RDURACK_STATE_DIR", ".state")))
+    p.add_argument("--host", default=env("RDURACK_HOST", "127.0.0.1"))
+    p.add_argument("--port", type=int, default=int(env("RDURACK_ORCHESTRATOR_PORT", "50051")))
+    p.add_argument("--platform", default=env("RDURACK_PLATFORM", "sn40l-rack16"))
+    p.add_argument("--spec", type=Path, default=Path(s) if (s := env("RDURACK_SPEC")) else None)
+    p.add_argument(
+        "--recovery", choices=("retry", "fail"), default=env("RDURACK_RECOVERY", "retry")
+    )
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
+    args = parse(argv)
+    try:
+        agents = [a.strip() for a in args.agents.split(",") if a.strip()]
+        platform = load_platform(args.platform, args.spec)
+        if len(agents) != platform.nodes:
+            raise RdurackError(
+                f"--agents: {platform.name} has {platform.nodes} nodes; got {len(agents)} "
+                "agent addresses"
+            )
+        store = JobStore(args.state_dir / "jobs.sqlite")
+    except (RdurackError, ValueError) as e:
+        print(f"orchestrator: {e}", file=sys.stderr)
+        return 2
+    gateway = GrpcNodeGateway(agents)
+    orchestrator = Orchestrator(store, gateway, platform, recovery=args.recovery)
+    recovered = orchestrator.start()
+    try:
+        server = Server(
+            [
+                (JOB_SERVICE, JobService(orchestrator).add_to),
+                (RACK_SERVICE, RackService(orchestrator).add_to),
+            ],
+            host=args.host,
+            port=args.port,
+        )
+    except OSError as e:
+        print(f"orchestrator: {e}", file=sys.stderr)
+        orchestrator.stop()
+        return 2
+    if recovered:
+        print(f"orchestrator recovered {len(recovered)} jobs", flush=True)
+    print(f"orchestrator ready at {server.address}", flush=True)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    stop.wait()
+    server.stop()
+    orchestrator.stop()
+    gateway.close()
+    store.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

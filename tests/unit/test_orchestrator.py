@@ -1,0 +1,243 @@
+"""The orchestrator core with an in-memory gateway: scheduling, running, failures."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+import pytest
+
+from rdurack.orchestrator.gateway import KernelRun, NodeView, SocketView
+from rdurack.orchestrator.jobs import IllegalTransition, JobSpec, JobState, KernelWorkload
+from rdurack.orchestrator.orchestrator import Orchestrator
+from rdurack.orchestrator.store import JobStore
+from rdurack.rack.errors import InvalidRequest, LinkFailure, OutOfMemory, RdurackError, SocketBusy
+from rdurack.rack.kernels import Phase
+from rdurack.rack.presets import platform
+from rdurack.rack.topology import Topology
+
+RACK = platform("sn40l-rack16")
+STEP_NS = 1_000
+
+
+class FakeGateway:
+    """Two healthy nodes; a kernel step takes STEP_NS; runs can be held or made to fail."""
+
+    def __init__(self) -> None:
+        self.held: dict[str, str] = {}  # socket -> job
+        self.clock = dict.fromkeys((str(s) for s in Topology(RACK).sockets), 0)
+        self.gate = threading.Event()
+        self.gate.set()
+        self.fail: Callable[[str], Exception | None] = lambda job: None
+        self.lock = threading.Lock()
+        self.max_running = 0
+
+    def nodes(self) -> list[NodeView]:
+        with self.lock:
+            return [
+                NodeView(
+                    n,
+                    f"fake:{n}",
+                    True,
+                    tuple(
+                        SocketView(s, n, True, self.held.get(s, ""), self.clock[s])
+                        for s in self.clock
+                        if s.startswith(f"rdu-n{n}-")
+                    ),
+                )
+                for n in range(RACK.nodes)
+            ]
+
+    def reserve(self, node: int, job_id: str, sockets: Sequence[str]) -> None:
+        with self.lock:
+            for s in sockets:
+                if self.held.get(s, job_id) != job_id:
+                    raise SocketBusy(s, self.held[s], job_id)
+            self.held.update(dict.fromkeys(sockets, job_id))
+
+    def release(self, node: int, job_id: str, sockets: Sequence[str]) -> None:
+        with self.lock:
+            for s in sockets:
+                if self.held.get(s) == job_id:
+                    del self.held[s]
+
+    def run_kernel(
+        self,
+        node: int,
+        job_id: str,
+        sockets: Sequence[str],
+        workload: KernelWorkload,
+        steps: int,
+        start_ns: int,
+    ) -> list[KernelRun]:
+        with self.lock:
+            self.max_running = max(self.max_running, len(set(self.held.values())))
+        assert self.gate.wait(timeout=10)
+        error = self.fail(job_id)
+        if error is not None:
+            raise error
+        end = start_ns + steps * STEP_NS
+        with self.lock:
+            for s in sockets:
+                self.clock[s] = end
+        return [KernelRun(s, start_ns, end, 3 * steps, 1_000 * steps) for s in sockets]
+
+
+def spec(sockets: int = 8, steps: int = 20, model: str = "llama2-7b", **kw: object) -> JobSpec:
+    workload = KernelWorkload(
+        model=model, phase=Phase.DECODE, num_sockets=sockets, output_tokens=steps
+    )
+    return JobSpec.model_validate({"workload": workload, **kw})
+
+
+@pytest.fixture
+def gateway() -> FakeGateway:
+    return FakeGateway()
+
+
+@pytest.fixture
+def orch(tmp_path: Path, gateway: FakeGateway) -> Iterator[Orchestrator]:
+    o = Orchestrator(JobStore(tmp_path / "jobs.sqlite"), gateway, RACK, poll_s=0.05)
+    o.start()
+    yield o
+    o.stop()
+    o.store.close()
+
+
+def wait_for(orch: Orchestrator, job_id: str, timeout_s: float = 10) -> JobState:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        state = orch.get(job_id).state
+        if state.terminal:
+            return state
+        time.sleep(0.01)
+    raise AssertionError(f"{job_id} still {orch.get(job_id).state}")
+
+
+def test_a_job_runs_to_success_with_its_result(orch: Orchestrator, gateway: FakeGateway) -> None:
+    job, created = orch.submit(spec(steps=20))
+    assert created and job.state is JobState.PENDING
+    assert wait_for(orch, job.id) is JobState.SUCCEEDED
+    done = orch.get(job.id)
+    assert len(done.sockets) == 8 and {s.split("-")[1] for s in done.sockets} == {"n0"}
+    assert done.emulated_end_ns - done.emulated_start_ns == 20 * STEP_NS  # type: ignore[operator]
+    assert done.result is not None and done.result["kernel_calls"] == 60
+    assert done.result["tokens_per_s"] == pytest.approx(20 / (20 * STEP_NS * 1e-9))
+    kinds = [e.kind for e in orch.events(job.id)]
+    assert kinds[:4] == ["state", "state", "state", "progress"]
+    assert kinds[-2:] == ["result", "state"]
+    fractions = [e.payload["fraction"] for e in orch.events(job.id) if e.kind == "progress"]
+    assert fractions == sorted(fractions) and fractions[-1] == 1.0
+    assert not gateway.held  # sockets released
+
+
+def test_a_job_starts_at_the_latest_clock_of_its_sockets(
+    orch: Orchestrator, gateway: FakeGateway
+) -> None:
+    gateway.clock["rdu-n0-s3"] = 5_000_000
+    job, _ = orch.submit(spec(sockets=8, steps=1))
+    wait_for(orch, job.id)
+    assert orch.get(job.id).emulated_start_ns == 5_000_000
+
+
+def test_idempotent_submission(orch: Orchestrator) -> None:
+    first, created = orch.submit(spec(), "req-1")
+    again, created_again = orch.submit(spec(), "req-1")
+    assert created and not created_again and again.id == first.id
+
+
+@pytest.mark.parametrize(
+    ("bad", "error", "text"),
+    [
+        (spec(platform="dgx-h100"), InvalidRequest, "spec.platform"),
+        (spec(model="gpt-9"), InvalidRequest, "spec.kernel.model"),
+        (spec(sockets=17), InvalidRequest, "spec.kernel.num_sockets"),
+        (spec(sockets=3), InvalidRequest, "divide heads"),
+        (spec(sockets=1, model="llama3.1-405b"), OutOfMemory, "HBM"),
+        (spec(payload_mode="functional"), InvalidRequest, "spec.payload_mode"),
+    ],
+)
+def test_impossible_jobs_are_refused_before_they_are_stored(
+    orch: Orchestrator, bad: JobSpec, error: type[Exception], text: str
+) -> None:
+    with pytest.raises(error, match=text):
+        orch.submit(bad)
+    assert orch.jobs() == []
+
+
+def test_gang_queueing_never_overcommits(orch: Orchestrator, gateway: FakeGateway) -> None:
+    gateway.gate.clear()  # hold every run until all three are submitted
+    jobs = [orch.submit(spec(sockets=8))[0] for _ in range(3)]
+    time.sleep(0.3)
+    states = [orch.get(j.id).state for j in jobs]
+    assert states.count(JobState.PENDING) == 1  # the rack holds two 8-socket jobs
+    gateway.gate.set()
+    assert [wait_for(orch, j.id) for j in jobs] == [JobState.SUCCEEDED] * 3
+    assert gateway.max_running <= 2
+
+
+def test_cancel_pending_and_finished(orch: Orchestrator, gateway: FakeGateway) -> None:
+    gateway.gate.clear()
+    running = [orch.submit(spec(sockets=8))[0] for _ in range(2)]
+    queued, _ = orch.submit(spec(sockets=8))
+    time.sleep(0.2)
+    assert orch.cancel(queued.id).state is JobState.CANCELLED
+    cancelled_running = orch.cancel(running[0].id)
+    assert cancelled_running.state is JobState.CANCELLED
+    gateway.gate.set()
+    assert wait_for(orch, running[1].id) is JobState.SUCCEEDED
+    assert orch.get(running[0].id).state is JobState.CANCELLED  # the late worker did not win
+    with pytest.raises(IllegalTransition, match="finished"):
+        orch.cancel(running[1].id)
+    deadline = time.monotonic() + 5
+    while gateway.held and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not gateway.held
+
+
+def test_a_link_failure_is_retried_and_a_bad_run_fails(
+    orch: Orchestrator, gateway: FakeGateway
+) -> None:
+    failures = {"flaky": 1}
+
+    def fail(job_id: str) -> Exception | None:
+        name = orch.get(job_id).spec.name
+        if name == "flaky" and failures["flaky"] > 0:
+            failures["flaky"] -= 1
+            return LinkFailure("link rdu-n0-s0 -> rdu-n0-s1 is down")
+        if name == "broken":
+            return RdurackError("the model exploded")
+        return None
+
+    gateway.fail = fail
+    flaky, _ = orch.submit(spec(name="flaky"))
+    broken, _ = orch.submit(spec(name="broken"))
+    assert wait_for(orch, flaky.id) is JobState.SUCCEEDED
+    assert orch.get(flaky.id).attempts == 2
+    assert wait_for(orch, broken.id) is JobState.FAILED
+    assert orch.get(broken.id).error == "the model exploded"
+
+
+def test_watch_streams_until_the_job_ends(orch: Orchestrator) -> None:
+    job, _ = orch.submit(spec(steps=5))
+    events = list(orch.watch(job.id))
+    assert events[-1].kind == "state" and events[-1].payload["state"] == "SUCCEEDED"
+    assert [e.seq for e in events] == list(range(1, len(events) + 1))
+    assert list(orch.watch(job.id, after=events[-1].seq)) == []
+
+
+def test_a_restarted_orchestrator_runs_what_was_queued(tmp_path: Path) -> None:
+    gateway = FakeGateway()
+    store = JobStore(tmp_path / "jobs.sqlite")
+    first = Orchestrator(store, gateway, RACK)  # never started: it only accepts
+    ids = [first.submit(spec(sockets=2, steps=3))[0].id for _ in range(5)]
+    store.close()
+    second = Orchestrator(JobStore(tmp_path / "jobs.sqlite"), gateway, RACK, poll_s=0.05)
+    second.start()
+    try:
+        assert [wait_for(second, i) for i in ids] == [JobState.SUCCEEDED] * 5
+    finally:
+        second.stop()
+        second.store.close()
