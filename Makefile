@@ -51,8 +51,8 @@ test: lint typecheck ## lint, typecheck and the whole test suite (fails if no te
 	if [ $$rc -eq 5 ]; then echo "pytest selected no test: failing on purpose"; exit 1; fi; \
 	exit $$rc
 
-run: $(PROTO_STAMP) ## the main demo on the embedded default rack
-	$(BIN)/rdu bench paper
+run: $(PROTO_STAMP) ## the main demo on the embedded default rack (rdu demo)
+	$(BIN)/rdu demo
 
 bench: $(PROTO_STAMP) ## benchmarks: prints a table, writes build/bench.json
 	$(BIN)/python -m rdurack.services.bench --out build/bench.json

@@ -116,6 +116,8 @@ class Job:
     attempts: int = 0  # times it was started
     created_s: float = field(default_factory=time.time)  # wall clock, seconds
     updated_s: float = field(default_factory=time.time)
+    started_s: float | None = None  # wall clock when it last started RUNNING
+    finished_s: float | None = None  # wall clock when it reached a terminal state
     emulated_start_ns: int | None = None
     emulated_end_ns: int | None = None
     result: dict[str, Any] | None = None
@@ -125,7 +127,12 @@ class Job:
         """This job in `state`, if the transition table allows it."""
         if state not in TRANSITIONS[self.state]:
             raise IllegalTransition(self.id, self.state, state)
-        return replace(self, state=state, updated_s=time.time(), **changes)
+        now = time.time()
+        started = now if state is JobState.RUNNING else self.started_s
+        finished = now if state.terminal else self.finished_s
+        return replace(
+            self, state=state, updated_s=now, started_s=started, finished_s=finished, **changes
+        )
 
 
 def parse_state(text: str) -> JobState:

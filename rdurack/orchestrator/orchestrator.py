@@ -68,6 +68,7 @@ class Orchestrator:
     def start(self) -> list[Job]:
         """Recover what a previous run left scheduled or running, then start scheduling."""
         recovered = self.store.recover(self.recovery, self.max_attempts)
+        self._release_orphans()
         self._thread = threading.Thread(target=self._loop, name="scheduler", daemon=True)
         self._thread.start()
         return recovered
@@ -127,9 +128,8 @@ class Orchestrator:
         """Cancel a job that has not finished. A running job's sockets are released as
         soon as its current kernel call returns."""
         self._cancelled.add(job_id)
-        job = self.store.transition(
-            job_id, JobState.CANCELLED, reason=reason or "cancelled by the client"
-        )
+        why = reason or "cancelled by the client"
+        job = self.store.transition(job_id, JobState.CANCELLED, reason=why, error=why)
         self._notify()
         self._kick()
         return job
@@ -183,7 +183,10 @@ class Orchestrator:
         if not queued:
             return 0
         busy = {s for j in self.store.list(list(ACTIVE)) for s in j.sockets}
-        placements = self.scheduler.schedule(queued, busy, self._unhealthy())
+        nodes = self.gateway.nodes()
+        # A socket an agent reports held is busy, whatever the store says.
+        busy |= {s.socket_id for n in nodes for s in n.sockets if s.job_id}
+        placements = self.scheduler.schedule(queued, busy, self._unhealthy(nodes))
         started = 0
         by_id = {j.id: j for j in queued}
         for p in placements:
@@ -191,9 +194,21 @@ class Orchestrator:
                 started += 1
         return started
 
-    def _unhealthy(self) -> set[str]:
-        bad: set[str] = set()
+    def _release_orphans(self) -> None:
+        """Release sockets the agents still hold for jobs that are no longer scheduled or
+        running (a crash left them reserved; recovery cleared only the store)."""
+        active = {j.id for j in self.store.list(list(ACTIVE))}
         for node in self.gateway.nodes():
+            orphans: dict[str, list[str]] = {}
+            for s in node.sockets:
+                if s.job_id and s.job_id not in active:
+                    orphans.setdefault(s.job_id, []).append(s.socket_id)
+            for job_id, sockets in orphans.items():
+                self._release(node.index, job_id, sockets)
+
+    def _unhealthy(self, nodes: list[NodeView]) -> set[str]:
+        bad: set[str] = set()
+        for node in nodes:
             if not node.healthy and not node.sockets:
                 bad |= {str(s) for s in self._topology.sockets if s.node == node.index}
             bad |= {s.socket_id for s in node.sockets if not s.healthy}

@@ -46,6 +46,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     attempts          INTEGER NOT NULL,
     created_s         REAL NOT NULL,
     updated_s         REAL NOT NULL,
+    started_s         REAL,                     -- wall clock of the last start
+    finished_s        REAL,                     -- wall clock of the terminal state
     emulated_start_ns INTEGER,
     emulated_end_ns   INTEGER,
     result            TEXT,                     -- JSON object or NULL
@@ -65,7 +67,7 @@ CREATE TABLE IF NOT EXISTS events (
 
 _JOB_COLUMNS = (
     "id, seq, client_request_id, state, priority, spec, sockets, attempts, created_s, "
-    "updated_s, emulated_start_ns, emulated_end_ns, result, error"
+    "updated_s, started_s, finished_s, emulated_start_ns, emulated_end_ns, result, error"
 )
 
 RESTART_ERROR = "orchestrator restarted while the job was running (attempt {n} of {m})"
@@ -178,6 +180,8 @@ class JobStore:
             attempts=row["attempts"],
             created_s=row["created_s"],
             updated_s=row["updated_s"],
+            started_s=row["started_s"],
+            finished_s=row["finished_s"],
             emulated_start_ns=row["emulated_start_ns"],
             emulated_end_ns=row["emulated_end_ns"],
             result=None if result is None else json.loads(result),
@@ -221,6 +225,7 @@ class JobStore:
         # writer), nothing is written and the caller re-reads instead of overwriting.
         done = db.execute(
             "UPDATE jobs SET state = ?, sockets = ?, attempts = ?, updated_s = ?, "
+            "started_s = ?, finished_s = ?, "
             "emulated_start_ns = ?, emulated_end_ns = ?, result = ?, error = ? "
             "WHERE id = ? AND state = ?",
             (
@@ -228,6 +233,8 @@ class JobStore:
                 sockets,
                 new.attempts,
                 new.updated_s,
+                new.started_s,
+                new.finished_s,
                 new.emulated_start_ns,
                 new.emulated_end_ns,
                 result,
@@ -276,7 +283,7 @@ class JobStore:
             job = Job(id=job_id, spec=spec, seq=int(last) + 1, client_request_id=client_request_id)
             db.execute(
                 f"INSERT INTO jobs ({_JOB_COLUMNS}) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     job.id,
                     job.seq,
@@ -288,6 +295,8 @@ class JobStore:
                     job.attempts,
                     job.created_s,
                     job.updated_s,
+                    None,
+                    None,
                     None,
                     None,
                     None,

@@ -22,6 +22,7 @@ from rich.table import Table
 
 from rdurack.rack.models import builtin_models
 from rdurack.rack.presets import builtin_platforms
+from rdurack.services.bench_control import bench_control
 from rdurack.services.bench_figure import BenchFigure
 from rdurack.services.bench_rack import bench_rack
 from rdurack.workloads.paper import PaperStudy
@@ -82,6 +83,7 @@ BENCHMARKS: list[tuple[str, Benchmark]] = [
     ("predictor speed", bench_predictor_speed),
     ("paper fidelity", bench_paper_fidelity),
     ("rack: 2 node agents x 8 socket actors", bench_rack),
+    ("control plane: rdu up, SubmitJob from 50 clients, scheduling", bench_control),
 ]
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from concurrent import futures
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -17,6 +18,70 @@ OPTIONS = [
 ]
 
 
+class _Undecodable:
+    """Stands for a request message that could not be decoded."""
+
+
+_UNDECODABLE = _Undecodable()
+
+
+class DecodeGuard(grpc.ServerInterceptor):
+    """Answer INVALID_ARGUMENT, not INTERNAL, for a request that is not the message the
+    method takes: gRPC decodes requests before any servicer code could refuse them."""
+
+    def intercept_service(self, continuation: Any, details: Any) -> Any:
+        handler = continuation(details)
+        if handler is None or handler.request_deserializer is None:
+            return handler
+        decode = handler.request_deserializer
+        method = details.method
+
+        def safe(data: bytes) -> Any:
+            try:
+                return decode(data)
+            except Exception:
+                return _UNDECODABLE
+
+        def check(request: Any, context: grpc.ServicerContext) -> Any:
+            if request is _UNDECODABLE:
+                context.abort(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"{method}: the request is not a valid message of this method",
+                )
+            return request
+
+        kind = ("unary_unary", "unary_stream", "stream_unary", "stream_stream")
+        behavior = next(getattr(handler, k) for k in kind if getattr(handler, k))
+        wrapped: Callable[[Any, grpc.ServicerContext], Any]
+        make: Callable[..., Any]
+        if handler.unary_unary:
+
+            def unary(request: Any, context: grpc.ServicerContext) -> Any:
+                return behavior(check(request, context), context)
+
+            wrapped, make = unary, grpc.unary_unary_rpc_method_handler
+        elif handler.unary_stream:
+
+            def unary_stream(request: Any, context: grpc.ServicerContext) -> Any:
+                yield from behavior(check(request, context), context)
+
+            wrapped, make = unary_stream, grpc.unary_stream_rpc_method_handler
+        else:
+
+            def streamed(requests: Any, context: grpc.ServicerContext) -> Any:
+                return behavior((check(r, context) for r in requests), context)
+
+            wrapped = streamed
+            make = (
+                grpc.stream_unary_rpc_method_handler
+                if handler.stream_unary
+                else grpc.stream_stream_rpc_method_handler
+            )
+        return make(
+            wrapped, request_deserializer=safe, response_serializer=handler.response_serializer
+        )
+
+
 class Server:
     """A started gRPC server and its health servicer."""
 
@@ -28,7 +93,11 @@ class Server:
         workers: int = 16,
     ) -> None:
         """`services`: (full service name, a function adding its servicer to a server)."""
-        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers), options=OPTIONS)
+        self.server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=workers),
+            options=OPTIONS,
+            interceptors=[DecodeGuard()],
+        )
         for _, add in services:
             add(self.server)
         self.health = health.HealthServicer()

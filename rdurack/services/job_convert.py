@@ -117,6 +117,10 @@ def job_to_proto(job: Job) -> job_pb2.Job:
         emulated_end_ns=job.emulated_end_ns or 0,
         error_message=job.error,
     )
+    if job.started_s is not None:
+        msg.start_time.CopyFrom(_time(job.started_s))
+    if job.finished_s is not None:
+        msg.end_time.CopyFrom(_time(job.finished_s))
     if job.result is not None:
         msg.result.CopyFrom(result_to_proto(job.result))
     return msg

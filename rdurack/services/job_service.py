@@ -52,18 +52,21 @@ class JobService(job_pb2_grpc.JobServiceServicer):
                 raise InvalidRequest(f"states: {s} is not a job state")
             states.append(jc.STATE_FROM_PROTO[s])
         size = min(request.page_size or MAX_PAGE, MAX_PAGE)
-        try:
-            offset = int(request.page_token or "0")
-        except ValueError:
-            raise InvalidRequest(f"page_token: {request.page_token[:40]!r} is not ours") from None
-        if offset < 0:
-            raise InvalidRequest("page_token: negative")
-        jobs = self.o.jobs(states)
-        page = jobs[offset : offset + size]
-        more = offset + size < len(jobs)
+        # Newest first. The token is the submission number of the last job sent, so a
+        # page never repeats or skips jobs while new ones arrive.
+        before = None
+        if request.page_token:
+            try:
+                before = int(request.page_token)
+            except ValueError:
+                raise InvalidRequest(
+                    f"page_token: {request.page_token[:40]!r} is not ours"
+                ) from None
+        jobs = [j for j in reversed(self.o.jobs(states)) if before is None or j.seq < before]
+        page = jobs[:size]
         return job_pb2.ListJobsResponse(
             jobs=[jc.job_to_proto(j) for j in page],
-            next_page_token=str(offset + size) if more else "",
+            next_page_token=str(page[-1].seq) if len(jobs) > size else "",
         )
 
     @rpc

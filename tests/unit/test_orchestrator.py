@@ -241,3 +241,11 @@ def test_a_restarted_orchestrator_runs_what_was_queued(tmp_path: Path) -> None:
     finally:
         second.stop()
         second.store.close()
+
+
+def test_wall_start_and_finish_are_recorded(orch: Orchestrator) -> None:
+    job, _ = orch.submit(spec(steps=2))
+    wait_for(orch, job.id)
+    done = orch.get(job.id)
+    assert done.started_s is not None and done.finished_s is not None
+    assert done.created_s <= done.started_s <= done.finished_s

@@ -1,0 +1,311 @@
+"""A whole rack on this machine, as `rdu up`, `rdu down` and `rdu demo` run it.
+
+`up` starts child processes, each `sys.executable -m rdurack.services...`:
+1. the Ray head (`ray_head`);
+2. one node agent per node, in parallel, joining that Ray;
+3. the orchestrator, given the agents' addresses.
+
+It waits for each one's ready line, with a deadline. Each process writes its stdout and
+stderr to `STATE_DIR/logs/<name>.log` (a file, not a pipe: the processes outlive the
+`rdu up` that started them). `STATE_DIR/rack.json` records their process ids, so
+`down` stops exactly what `up` started, and nothing else: a recorded pid is signalled
+only while it is the same process (same start time, "rdurack" in its command line).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from rdurack.rack.errors import RdurackError
+
+DEFAULT_PLATFORM = "sn40l-rack16"
+DEFAULT_SHAPE = (2, 8)  # nodes, sockets per node of sn40l-rack16
+RACK_FILE = "rack.json"
+SPEC_FILE = "platform.yaml"
+STOP_WAIT_S = 15.0
+TAIL_LINES = 15
+# Ray must stay on loopback and must not phone home, whatever the caller's environment.
+RAY_ENV = {
+    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+    "RAY_USAGE_STATS_ENABLED": "0",
+    "RAY_AUTH_MODE": "disabled",
+}
+
+
+def default_state_dir() -> Path:
+    """RDURACK_STATE_DIR, else `.state/` under the current directory."""
+    return Path(os.environ.get("RDURACK_STATE_DIR") or ".state")
+
+
+@dataclass
+class RackProcesses:
+    """What `up` started: process ids and addresses by name, in start order."""
+
+    state_dir: Path
+    platform: str
+    nodes: int
+    sockets_per_node: int
+    pids: dict[str, int] = field(default_factory=dict)
+    addresses: dict[str, str] = field(default_factory=dict)
+    started_s: dict[str, float] = field(default_factory=dict)  # psutil create_time
+
+    @property
+    def orchestrator(self) -> str:
+        return self.addresses["orchestrator"]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "platform": self.platform,
+            "nodes": self.nodes,
+            "sockets_per_node": self.sockets_per_node,
+            "pids": self.pids,
+            "addresses": self.addresses,
+            "started_s": self.started_s,
+            "logs": str(self.state_dir / "logs"),
+        }
+
+    def save(self) -> None:
+        path = self.state_dir / RACK_FILE
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        tmp.replace(path)  # atomic: `down` never reads half a file
+
+
+# ------------------------------------------------------------------ starting
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, **RAY_ENV, "PYTHONUNBUFFERED": "1"}
+
+
+def _spawn(name: str, module: str, args: list[str], logs: Path) -> subprocess.Popen[bytes]:
+    log = logs / f"{name}.log"
+    with log.open("wb") as out:
+        # A new session: Ctrl-C in the terminal reaches `rdu`, which then stops the rack
+        # in order, rather than every process at once.
+        return subprocess.Popen(
+            [sys.executable, "-m", module, *args],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=_env(),
+            start_new_session=True,
+        )
+
+
+def _tail(log: Path, lines: int = TAIL_LINES) -> str:
+    try:
+        text = log.read_text(errors="replace")
+    except OSError:
+        return "(no log)"
+    kept = [line for line in text.splitlines() if line.strip()][-lines:]
+    return "\n".join(kept) or "(empty log)"
+
+
+def _ready_address(log: Path, prefix: str) -> str | None:
+    """The address of the first `<prefix> ready at ADDRESS` line of a log, if any."""
+    try:
+        text = log.read_text(errors="replace")
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith(prefix) and " ready at " in line:
+            return line.rsplit(" ", 1)[1].strip()
+    return None
+
+
+def _await_ready(
+    procs: dict[str, tuple[subprocess.Popen[bytes], str]], logs: Path, deadline: float
+) -> dict[str, str]:
+    """Wait until every process printed its ready line; name -> address."""
+    ready: dict[str, str] = {}
+    while len(ready) < len(procs):
+        for name, (proc, prefix) in procs.items():
+            if name in ready:
+                continue
+            address = _ready_address(logs / f"{name}.log", prefix)
+            if address is not None:
+                ready[name] = address
+            elif proc.poll() is not None:
+                raise _failed(name, logs, f"exited with code {proc.returncode}")
+        if len(ready) < len(procs):
+            if time.monotonic() > deadline:
+                late = next(n for n in procs if n not in ready)
+                raise _failed(late, logs, "was not ready before the deadline")
+            time.sleep(0.05)
+    return ready
+
+
+def _failed(name: str, logs: Path, what: str) -> RdurackError:
+    log = logs / f"{name}.log"
+    return RdurackError(f"{name} {what}; the end of {log}:\n{_tail(log)}")
+
+
+def live_pids(state_dir: Path) -> dict[str, int]:
+    """Processes recorded in STATE_DIR/rack.json that still run (and are ours)."""
+    record = _read(state_dir)
+    if record is None:
+        return {}
+    started = record.get("started_s", {})
+    return {
+        name: pid
+        for name, pid in record["pids"].items()
+        if _ours(pid, started.get(name)) is not None
+    }
+
+
+def up(
+    state_dir: Path,
+    nodes: int = 2,
+    sockets_per_node: int = 8,
+    port: int = 50051,
+    timeout_s: float = 60,
+    host: str = "127.0.0.1",
+    on_ready: Callable[[str, str], None] | None = None,
+) -> RackProcesses:
+    """Start the Ray head, `nodes` node agents and the orchestrator; return when all
+    serve. On failure, stop what was started and raise an RdurackError naming the
+    process that failed, with the end of its log. `on_ready(name, address)` is called as
+    each becomes ready."""
+    if nodes < 1 or sockets_per_node < 1:
+        raise RdurackError("--nodes and --sockets-per-node must be at least 1")
+    if not 0 <= port <= 65535:
+        raise RdurackError(f"--port {port}: not a TCP port (0..65535)")
+    state_dir.mkdir(parents=True, exist_ok=True)
+    if live := live_pids(state_dir):
+        names = ", ".join(f"{n} (pid {p})" for n, p in live.items())
+        raise RdurackError(f"a rack is already up in {state_dir}: {names}; run rdu down first")
+    logs = state_dir / "logs"
+    logs.mkdir(exist_ok=True)
+    rack = RackProcesses(state_dir, DEFAULT_PLATFORM, nodes, sockets_per_node)
+    spec: list[str] = []
+    if (nodes, sockets_per_node) != DEFAULT_SHAPE:
+        spec_file = (state_dir / SPEC_FILE).resolve()
+        spec_file.write_text(
+            f"# written by rdu up: {nodes} nodes x {sockets_per_node} sockets\n"
+            f"base: {DEFAULT_PLATFORM}\nnodes: {nodes}\nnode: {{sockets: {sockets_per_node}}}\n"
+        )
+        spec = ["--spec", str(spec_file)]
+    deadline = time.monotonic() + timeout_s
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def started(name: str, proc: subprocess.Popen[bytes]) -> None:
+        procs[name] = proc
+        rack.pids[name] = proc.pid
+        with contextlib.suppress(psutil.Error):
+            rack.started_s[name] = psutil.Process(proc.pid).create_time()
+        rack.save()  # at once: if `up` itself dies, `down` still finds every process
+
+    def ready(found: dict[str, str]) -> None:
+        for name, address in found.items():
+            rack.addresses[name] = address
+            if on_ready is not None:
+                on_ready(name, address)
+        rack.save()
+
+    try:
+        started("ray-head", _spawn("ray-head", "rdurack.services.ray_head", [], logs))
+        ready(_await_ready({"ray-head": (procs["ray-head"], "ray-head")}, logs, deadline))
+        agents: dict[str, tuple[subprocess.Popen[bytes], str]] = {}
+        for i in range(nodes):
+            name = f"node-agent-{i}"
+            args = ["--node-index", str(i), "--ray-address", rack.addresses["ray-head"]]
+            args += ["--host", host, "--port", "0", "--platform", DEFAULT_PLATFORM, *spec]
+            started(name, _spawn(name, "rdurack.services.node_agent_main", args, logs))
+            agents[name] = (procs[name], f"node-agent {i}")
+        ready(_await_ready(agents, logs, deadline))
+        args = ["--host", host, "--port", str(port), "--state-dir", str(state_dir.resolve())]
+        args += ["--platform", DEFAULT_PLATFORM, *spec]
+        args += ["--agents", ",".join(rack.addresses[n] for n in agents)]
+        started(
+            "orchestrator", _spawn("orchestrator", "rdurack.services.orchestrator_main", args, logs)
+        )
+        ready(
+            _await_ready({"orchestrator": (procs["orchestrator"], "orchestrator")}, logs, deadline)
+        )
+    except BaseException:  # an error, or Ctrl-C: stop what was started, then re-raise
+        down(state_dir)
+        raise
+    return rack
+
+
+# ------------------------------------------------------------------ stopping
+
+
+def _read(state_dir: Path) -> dict[str, Any] | None:
+    path = state_dir / RACK_FILE
+    try:
+        record = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as e:
+        raise RdurackError(f"cannot read {path}: {e}") from None
+    if not isinstance(record, dict) or not isinstance(record.get("pids"), dict):
+        raise RdurackError(f"{path}: not a record of rdu up (no 'pids')")
+    return record
+
+
+def _ours(pid: Any, started_s: Any = None) -> psutil.Process | None:
+    """The process `pid` if it still runs and is one rdu up started: "rdurack" in its
+    command line and, when recorded, the same start time (a reused pid is not ours)."""
+    if not isinstance(pid, int) or pid <= 0 or pid == os.getpid():
+        return None
+    try:
+        proc = psutil.Process(pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return None
+        if not any("rdurack" in part for part in proc.cmdline()):
+            return None
+        if isinstance(started_s, int | float) and abs(proc.create_time() - started_s) > 1.0:
+            return None
+        return proc
+    except psutil.Error:
+        return None
+
+
+def _stop(proc: psutil.Process, wait_s: float) -> str:
+    try:
+        proc.terminate()
+        try:
+            proc.wait(wait_s)
+            return "stopped"
+        except psutil.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+            return f"killed (no exit {wait_s:g} s after SIGTERM)"
+    except psutil.NoSuchProcess:
+        return "stopped"
+    except psutil.Error as e:
+        return f"could not be stopped: {e}"
+
+
+def down(state_dir: Path, wait_s: float = STOP_WAIT_S) -> list[str]:
+    """Stop what `up` recorded in STATE_DIR/rack.json, last started first; one line per
+    process. Only recorded pids that are still the processes `up` started are signalled.
+    No rack.json: one line saying so."""
+    record = _read(state_dir)
+    if record is None:
+        return [f"no rack is up in {state_dir} (no {RACK_FILE})"]
+    started = record.get("started_s", {})
+    if not isinstance(started, dict):
+        started = {}
+    done: list[str] = []
+    for name, pid in reversed(list(record["pids"].items())):
+        proc = _ours(pid, started.get(name))
+        if proc is None:
+            done.append(f"{name} (pid {pid}): not running")
+            continue
+        done.append(f"{name} (pid {pid}): {_stop(proc, wait_s)}")
+    (state_dir / RACK_FILE).unlink(missing_ok=True)
+    return done

@@ -1,0 +1,179 @@
+"""`rdu up`, a job through the CLI, `rdu down`: the real commands, as a user runs them."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from rdurack.services import local_rack
+
+pytestmark = pytest.mark.integration
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def rdu(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "RDURACK_ORCHESTRATOR"}
+    return subprocess.run(
+        [sys.executable, "-m", "rdurack.services.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
+
+
+def _json(done: subprocess.CompletedProcess[str]) -> Any:
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def _gone(pid: int, within_s: float = 20) -> bool:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_up_submit_watch_cancel_down(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    port = _free_port()
+    address = ["--address", f"127.0.0.1:{port}"]
+    pids: dict[str, int] = {}
+    try:
+        done = rdu(
+            "up",
+            "--state-dir",
+            str(state),
+            "--port",
+            str(port),
+            "--nodes",
+            "1",
+            "--sockets-per-node",
+            "2",
+            timeout=180,
+        )
+        assert done.returncode == 0, done.stderr
+        assert f"orchestrator   ready at 127.0.0.1:{port}" in done.stdout
+        pids = json.loads((state / "rack.json").read_text())["pids"]
+        assert set(pids) == {"ray-head", "node-agent-0", "orchestrator"}
+
+        # A second `up` in the same state dir refuses, in one line.
+        again = rdu("up", "--state-dir", str(state), "--port", str(_free_port()))
+        assert again.returncode == 2
+        assert "already up" in again.stderr and len(again.stderr.splitlines()) == 1
+
+        rack = _json(rdu("status", "--json", *address))
+        assert [s["id"] for s in rack["sockets"]] == ["rdu-n0-s0", "rdu-n0-s1"]
+        assert {s["health"] for s in rack["sockets"]} == {"HEALTHY"}
+
+        job = _json(
+            rdu(
+                "submit",
+                "kernel",
+                "--model",
+                "llama2-7b",
+                "--phase",
+                "decode",
+                "--sockets",
+                "2",
+                "--output-tokens",
+                "5",
+                "--name",
+                "cli test",
+                "--wait",
+                "--json",
+                *address,
+            )
+        )
+        assert job["state"] == "SUCCEEDED", job
+        assert job["emulated_s"] > 0
+        assert job["kernel_calls"] > 0
+        assert job["tokens_per_s"] > 0
+        assert job["error"] is None
+
+        listed = _json(rdu("jobs", "--json", *address))["jobs"]
+        assert job["job_id"] in [j["job_id"] for j in listed]
+        assert _json(rdu("job", job["job_id"], "--json", *address))["state"] == "SUCCEEDED"
+
+        # Cancelling a finished job: FAILED_PRECONDITION, one line, exit 2.
+        cancel = rdu("cancel", job["job_id"], *address)
+        assert cancel.returncode == 2, cancel.stderr
+        assert cancel.stderr.startswith("rdu: ") and len(cancel.stderr.splitlines()) == 1
+
+        # Too many sockets for the rack: refused, one line, exit 2.
+        big = rdu("submit", "kernel", "--model", "llama2-7b", "--phase", "decode", *address)
+        assert big.returncode == 2 and len(big.stderr.splitlines()) == 1, big.stderr
+    finally:
+        down = rdu("down", "--state-dir", str(state), timeout=120)
+    assert down.returncode == 0, down.stderr
+    assert not (state / "rack.json").exists()
+    for name, pid in pids.items():
+        assert _gone(pid), f"{name} (pid {pid}) still runs after rdu down"
+    # Nothing is up now: client commands say so in one line, exit 1.
+    status = rdu("status", *address)
+    assert status.returncode == 1
+    assert "rdu up" in status.stderr and len(status.stderr.splitlines()) == 1
+
+
+def test_down_never_signals_a_process_it_did_not_start(tmp_path: Path) -> None:
+    sleeper = subprocess.Popen(["sleep", "30"])
+    try:
+        record = {"pids": {"orchestrator": sleeper.pid}, "addresses": {}}
+        (tmp_path / "rack.json").write_text(json.dumps(record))
+        lines = local_rack.down(tmp_path, wait_s=1)
+        assert lines == [f"orchestrator (pid {sleeper.pid}): not running"]
+        assert sleeper.poll() is None, "down signalled a process whose cmdline lacks rdurack"
+        assert not (tmp_path / "rack.json").exists()
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def test_down_without_a_rack_says_so(tmp_path: Path) -> None:
+    assert local_rack.down(tmp_path) == [f"no rack is up in {tmp_path} (no rack.json)"]
+    done = rdu("down", "--state-dir", str(tmp_path))
+    assert done.returncode == 0 and "no rack is up" in done.stdout
+
+
+def test_up_names_the_process_that_failed(tmp_path: Path) -> None:
+    # A port another server holds: the orchestrator cannot bind it, so up fails, names
+    # the orchestrator with the end of its log, and stops what it had started.
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        done = rdu(
+            "up",
+            "--state-dir",
+            str(tmp_path),
+            "--port",
+            str(port),
+            "--nodes",
+            "1",
+            "--sockets-per-node",
+            "1",
+            timeout=180,
+        )
+    assert done.returncode == 2
+    assert done.stderr.startswith("rdu: orchestrator exited with code"), done.stderr
+    assert not (tmp_path / "rack.json").exists()

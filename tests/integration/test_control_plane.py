@@ -1,0 +1,930 @@
+"""The control plane: JobService and RackService over gRPC, on the two node agents of the
+`rack` fixture. The orchestrator runs in this process for most tests (fast), and as its
+own process (`rdurack.services.orchestrator_main`) for the kill-and-restart test.
+
+Every job a test submits finishes or is cancelled before the test ends: the node agents
+are shared with the other integration tests, so no socket may stay reserved.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from google.protobuf.message import Message
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from rdurack.orchestrator.orchestrator import Orchestrator
+from rdurack.orchestrator.store import JobStore
+from rdurack.rack.presets import platform
+from rdurack.services.gateway import GrpcNodeGateway
+from rdurack.services.grpc_server import Server, channel
+from rdurack.services.job_service import JOB_SERVICE, RACK_SERVICE, JobService, RackService
+from rdurack.v1 import common_pb2, job_pb2, job_pb2_grpc, node_agent_pb2, rack_pb2, rack_pb2_grpc
+from tests.integration.conftest import ServedAgent
+
+pytestmark = pytest.mark.integration
+
+PLATFORM = "sn40l-rack16"
+PENDING = common_pb2.JOB_STATE_PENDING
+SCHEDULED = common_pb2.JOB_STATE_SCHEDULED
+RUNNING = common_pb2.JOB_STATE_RUNNING
+SUCCEEDED = common_pb2.JOB_STATE_SUCCEEDED
+FAILED = common_pb2.JOB_STATE_FAILED
+CANCELLED = common_pb2.JOB_STATE_CANCELLED
+TERMINAL = frozenset({SUCCEEDED, FAILED, CANCELLED})
+LIVE = [PENDING, SCHEDULED, RUNNING]
+SOCKET_ID = re.compile(r"^rdu-n(\d+)-s(\d+)$")
+# Status codes a well-behaved server may answer anything with; UNKNOWN and INTERNAL mean
+# an exception escaped the service.
+IMPROPER = frozenset({grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL})
+
+
+# ------------------------------------------------------------------ helpers
+
+
+def kernel(
+    *,
+    phase: common_pb2.Phase.ValueType = common_pb2.PHASE_DECODE,
+    sockets: int = 8,
+    tokens: int = 20,
+    sequence_length: int = 1024,
+    model: str = "llama2-7b",
+    plan: common_pb2.FusionPlan.ValueType = common_pb2.FUSION_PLAN_KERNEL_LOOPED,
+    name: str = "",
+    client_request_id: str = "",
+    platform_name: str = PLATFORM,
+) -> job_pb2.JobSpec:
+    """A kernel job spec; prefill jobs get output_tokens 0, as the proto asks."""
+    return job_pb2.JobSpec(
+        name=name,
+        platform=platform_name,
+        client_request_id=client_request_id,
+        payload_mode=common_pb2.PAYLOAD_MODE_TIMING,
+        kernel=job_pb2.KernelJob(
+            model=model,
+            phase=phase,
+            fusion_plan=plan,
+            sequence_length=sequence_length,
+            batch_size=1,
+            num_sockets=sockets,
+            output_tokens=tokens if phase == common_pb2.PHASE_DECODE else 0,
+        ),
+    )
+
+
+def prefill(sockets: int, name: str = "") -> job_pb2.JobSpec:
+    return kernel(
+        phase=common_pb2.PHASE_PREFILL,
+        sockets=sockets,
+        sequence_length=128,
+        plan=common_pb2.FUSION_PLAN_FUSED_HO,
+        name=name,
+    )
+
+
+def submit(stub: job_pb2_grpc.JobServiceStub, spec: job_pb2.JobSpec) -> job_pb2.Job:
+    return stub.SubmitJob(job_pb2.SubmitJobRequest(spec=spec), timeout=30).job
+
+
+def list_all(
+    stub: job_pb2_grpc.JobServiceStub,
+    states: Iterable[common_pb2.JobState.ValueType] = (),
+    page_size: int = 0,
+) -> list[job_pb2.Job]:
+    """Every job (in `states`), following page tokens."""
+    jobs: list[job_pb2.Job] = []
+    token = ""
+    for _ in range(10_000):
+        reply = stub.ListJobs(
+            job_pb2.ListJobsRequest(
+                states=list(states),
+                page_size=page_size,
+                page_token=token,
+            ),
+            timeout=30,
+        )
+        jobs.extend(reply.jobs)
+        token = reply.next_page_token
+        if not token:
+            return jobs
+    raise AssertionError("ListJobs never stopped returning page tokens")
+
+
+def wait_terminal(
+    stub: job_pb2_grpc.JobServiceStub, ids: Iterable[str], timeout_s: float = 60.0
+) -> dict[str, job_pb2.Job]:
+    """The jobs once all of them are in a terminal state."""
+    wanted = set(ids)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        jobs = {j.id: j for j in list_all(stub) if j.id in wanted}
+        if len(jobs) == len(wanted) and all(j.state in TERMINAL for j in jobs.values()):
+            return jobs
+        if time.monotonic() > deadline:
+            states = {i: common_pb2.JobState.Name(j.state) for i, j in jobs.items()}
+            missing = sorted(wanted - set(jobs))
+            raise AssertionError(
+                f"not all terminal after {timeout_s} s: {states}; not listed: {missing}"
+            )
+        time.sleep(0.05)
+
+
+def drain(stub: job_pb2_grpc.JobServiceStub, timeout_s: float = 60.0) -> None:
+    """Wait until no job is live; cancel whatever still is at the deadline, then fail."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        live = list_all(stub, LIVE)
+        if not live:
+            return
+        if time.monotonic() > deadline:
+            for j in live:
+                with contextlib.suppress(grpc.RpcError):
+                    stub.CancelJob(job_pb2.CancelJobRequest(job_id=j.id, reason="drain"))
+            raise AssertionError(f"jobs still live after {timeout_s} s: {[j.id for j in live]}")
+        time.sleep(0.05)
+
+
+def watch(
+    stub: job_pb2_grpc.JobServiceStub, job_id: str, after: int = 0, timeout_s: float = 60.0
+) -> list[job_pb2.JobEvent]:
+    stream = stub.WatchJob(
+        job_pb2.WatchJobRequest(job_id=job_id, after_sequence=after), timeout=timeout_s
+    )
+    return list(stream)
+
+
+def kinds(events: list[job_pb2.JobEvent]) -> list[str]:
+    return [e.WhichOneof("event") or "" for e in events]
+
+
+def state_changes(events: list[job_pb2.JobEvent]) -> list[job_pb2.JobStateChange]:
+    return [e.state_change for e in events if e.WhichOneof("event") == "state_change"]
+
+
+def event_time(events: list[job_pb2.JobEvent], state: common_pb2.JobState.ValueType) -> int:
+    """Wall-clock ns of the event that moved the job to `state`."""
+    for e in events:
+        if e.WhichOneof("event") == "state_change" and e.state_change.to_state == state:
+            return e.time.ToNanoseconds()
+    raise AssertionError(f"no event to {common_pb2.JobState.Name(state)}")
+
+
+def nodes_of(job: job_pb2.Job) -> dict[int, list[int]]:
+    """node index -> socket indices of a job, checking each SocketRef is consistent."""
+    out: dict[int, list[int]] = {}
+    for ref in job.sockets:
+        match = SOCKET_ID.match(ref.id)
+        assert match, ref.id
+        assert (int(match[1]), int(match[2])) == (ref.node_index, ref.socket_index), ref
+        out.setdefault(ref.node_index, []).append(ref.socket_index)
+    return out
+
+
+def rpc_error(call: Callable[[], object]) -> grpc.RpcError:
+    with pytest.raises(grpc.RpcError) as err:
+        call()
+    return err.value
+
+
+def held_sockets(agents: list[ServedAgent]) -> dict[str, str]:
+    """socket id -> job id, for every socket an agent reports reserved."""
+    return {
+        s.ref.id: s.current_job_id
+        for a in agents
+        for s in a.stub.GetNode(node_agent_pb2.GetNodeRequest(), timeout=30).node.sockets
+        if s.current_job_id
+    }
+
+
+def release_held(agents: list[ServedAgent], job_ids: Iterable[str]) -> dict[str, str]:
+    """Release sockets still reserved for `job_ids` on the agents (clean-up); returns
+    what was released."""
+    ids = set(job_ids)
+    stale = {s: j for s, j in held_sockets(agents).items() if j in ids}
+    for a in agents:
+        for sid, job_id in stale.items():
+            if sid in a.agent.socket_ids:
+                a.stub.ReleaseSockets(
+                    node_agent_pb2.ReleaseSocketsRequest(job_id=job_id, socket_ids=[sid]),
+                    timeout=30,
+                )
+    return stale
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+# ------------------------------------------------------------------ the in-process orchestrator
+
+
+@dataclass
+class Control:
+    orchestrator: Orchestrator
+    server: Server
+    channel: grpc.Channel
+    jobs: job_pb2_grpc.JobServiceStub
+    racks: rack_pb2_grpc.RackServiceStub
+
+
+@pytest.fixture(scope="module")
+def control(rack: list[ServedAgent], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Control]:
+    """An orchestrator in this process, served on a free port, on the rack's two agents."""
+    store = JobStore(tmp_path_factory.mktemp("control") / "jobs.sqlite")
+    gateway = GrpcNodeGateway([a.server.address for a in rack])
+    orchestrator = Orchestrator(store, gateway, platform(PLATFORM))
+    orchestrator.start()
+    server: Server | None = None
+    ch: grpc.Channel | None = None
+    try:
+        server = Server(
+            [
+                (JOB_SERVICE, JobService(orchestrator).add_to),
+                (RACK_SERVICE, RackService(orchestrator).add_to),
+            ]
+        )
+        ch = channel(server.address)
+        stub = job_pb2_grpc.JobServiceStub(ch)
+        yield Control(orchestrator, server, ch, stub, rack_pb2_grpc.RackServiceStub(ch))
+        drain(stub, timeout_s=30)
+    finally:
+        if ch is not None:
+            ch.close()
+        if server is not None:
+            server.stop(0)
+        orchestrator.stop()
+        gateway.close()
+        ids = [j.id for j in store.list()]
+        store.close()
+        release_held(rack, ids)
+
+
+# ------------------------------------------------------------------ end to end
+
+
+def test_a_job_is_submitted_watched_and_has_its_result(control: Control) -> None:
+    stub = control.jobs
+    submitted = submit(stub, kernel(sockets=8, tokens=20, name="e2e"))
+    assert submitted.id and submitted.state == PENDING and not submitted.sockets
+    assert submitted.spec.kernel.model == "llama2-7b"
+
+    events = watch(stub, submitted.id)  # ends once the job is terminal
+    assert [e.sequence for e in events] == list(range(1, len(events) + 1))
+    assert {e.job_id for e in events} == {submitted.id}
+    changes = state_changes(events)
+    assert [c.to_state for c in changes] == [PENDING, SCHEDULED, RUNNING, SUCCEEDED]
+    assert [c.from_state for c in changes[1:]] == [c.to_state for c in changes[:-1]]
+
+    k = kinds(events)
+    running = next(i for i, e in enumerate(events) if e.state_change.to_state == RUNNING)
+    done = next(i for i, e in enumerate(events) if e.state_change.to_state == SUCCEEDED)
+    progress = [e.progress for e in events[running + 1 : done] if e.HasField("progress")]
+    assert len(progress) >= 2
+    # Between RUNNING and SUCCEEDED only progress events, then the result (which may come
+    # just before or just after the final state change).
+    assert set(k[running + 1 : done]) <= {"progress", "result"}, k
+    assert k.index("result") > max(i for i, kind in enumerate(k) if kind == "progress"), k
+    fractions = [p.fraction for p in progress]
+    assert fractions == sorted(set(fractions)), fractions  # strictly increasing
+    assert fractions[0] > 0 and fractions[-1] == pytest.approx(1.0)
+    results = [e.result for e in events if e.HasField("result")]
+    assert len(results) == 1, k
+    assert results[0].kernel.emulated_s > 0
+
+    job = stub.GetJob(job_pb2.GetJobRequest(job_id=submitted.id), timeout=30).job
+    assert job.state == SUCCEEDED and job.error_message == ""
+    assert len(job.sockets) == 8
+    placement = nodes_of(job)
+    assert len(placement) == 1 and sorted(next(iter(placement.values()))) == list(range(8))
+    assert job.emulated_end_ns > job.emulated_start_ns
+    kernel_result = job.result.kernel
+    assert job.result.WhichOneof("result") == "kernel"
+    assert kernel_result.emulated_s == pytest.approx(
+        (job.emulated_end_ns - job.emulated_start_ns) / 1e9, abs=1e-6
+    )
+    assert kernel_result.tokens_per_s > 0
+    assert kernel_result.kernel_calls > 0
+    assert 0 < kernel_result.hbm_bandwidth_utilization <= 1
+    assert results[0] == job.result
+    created, started, ended = (
+        job.create_time.ToNanoseconds(),
+        job.start_time.ToNanoseconds(),
+        job.end_time.ToNanoseconds(),
+    )
+    assert 0 < created <= started <= ended, (created, started, ended)
+
+    # A watcher resumes where it left off: only the later events, unchanged.
+    assert watch(stub, submitted.id, after=3) == events[3:]
+    assert watch(stub, submitted.id, after=events[-1].sequence) == []
+
+
+def test_a_16_socket_job_spans_both_nodes_rail_aligned(control: Control) -> None:
+    job_id = submit(control.jobs, kernel(sockets=16, tokens=20, name="wide")).id
+    job = wait_terminal(control.jobs, [job_id])[job_id]
+    assert job.state == SUCCEEDED, job.error_message
+    placement = nodes_of(job)
+    assert sorted(placement) == [0, 1]
+    assert sorted(placement[0]) == sorted(placement[1]) == list(range(8))
+    assert job.result.kernel.emulated_s > 0 and job.result.kernel.tokens_per_s > 0
+
+
+def test_submit_is_idempotent_on_client_request_id(control: Control) -> None:
+    stub = control.jobs
+    request_id = f"idem-{uuid.uuid4().hex}"
+    spec = prefill(1, name="idempotent")
+    spec.client_request_id = request_id
+    first = stub.SubmitJob(job_pb2.SubmitJobRequest(spec=spec), timeout=30)
+    second = stub.SubmitJob(job_pb2.SubmitJobRequest(spec=spec), timeout=30)
+    assert not first.deduplicated and second.deduplicated
+    assert second.job.id == first.job.id
+    assert second.job.spec.client_request_id == request_id
+    assert [j.id for j in list_all(stub) if j.spec.client_request_id == request_id] == [
+        first.job.id
+    ]
+    done = wait_terminal(stub, [first.job.id])[first.job.id]
+    assert done.state == SUCCEEDED
+    # Still deduplicated once the job has finished: a late retry does not run it again.
+    third = stub.SubmitJob(job_pb2.SubmitJobRequest(spec=spec), timeout=30)
+    assert third.deduplicated and third.job.id == first.job.id and third.job.state == SUCCEEDED
+    # The same request id for another spec is a client bug, refused by name.
+    other = prefill(2, name="idempotent")
+    other.client_request_id = request_id
+    err = rpc_error(lambda: stub.SubmitJob(job_pb2.SubmitJobRequest(spec=other), timeout=30))
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "client_request_id" in (err.details() or "")
+
+
+# ------------------------------------------------------------------ bad input
+
+
+def _no_workload() -> job_pb2.JobSpec:
+    return job_pb2.JobSpec(name="no-workload", platform=PLATFORM)
+
+
+def _with(**kernel_fields: Any) -> Callable[[], job_pb2.JobSpec]:
+    def make() -> job_pb2.JobSpec:
+        spec = kernel(sockets=8)
+        for name, value in kernel_fields.items():
+            setattr(spec.kernel, name, value)
+        return spec
+
+    return make
+
+
+BAD_SPECS: list[tuple[str, Callable[[], job_pb2.JobSpec], list[str]]] = [
+    ("no-workload", _no_workload, ["spec.", "workload"]),
+    ("phase-unspecified", _with(phase=common_pb2.PHASE_UNSPECIFIED), ["spec.kernel.phase"]),
+    ("sequence-length-0", _with(sequence_length=0), ["spec.kernel.sequence_length"]),
+    ("17-sockets", _with(num_sockets=17), ["spec.kernel.num_sockets", "17"]),
+    ("11-sockets-not-rail-aligned", _with(num_sockets=11), ["spec.kernel.num_sockets", "11"]),
+    ("unknown-model", _with(model="llama9-1t"), ["spec.kernel.model", "llama9-1t"]),
+    (
+        "platform-mismatch",
+        lambda: kernel(sockets=8, platform_name="sn40l-node"),
+        ["spec.platform", "sn40l-node"],
+    ),
+]
+
+
+@pytest.mark.parametrize(("make", "named"), [pytest.param(m, n, id=i) for i, m, n in BAD_SPECS])
+def test_a_bad_spec_is_invalid_argument_naming_the_field(
+    control: Control, make: Callable[[], job_pb2.JobSpec], named: list[str]
+) -> None:
+    before = len(list_all(control.jobs))
+    err = rpc_error(
+        lambda: control.jobs.SubmitJob(job_pb2.SubmitJobRequest(spec=make()), timeout=30)
+    )
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT, err.details()
+    for word in named:
+        assert word in (err.details() or ""), (word, err.details())
+    assert len(list_all(control.jobs)) == before  # refused before it was stored
+
+
+def test_a_request_without_spec_is_invalid_argument(control: Control) -> None:
+    err = rpc_error(lambda: control.jobs.SubmitJob(job_pb2.SubmitJobRequest(), timeout=30))
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "spec" in (err.details() or "")
+
+
+def test_an_unknown_job_id_is_not_found(control: Control) -> None:
+    stub = control.jobs
+    missing = "no-such-job-0042"
+    calls: dict[str, Callable[[], object]] = {
+        "GetJob": lambda: stub.GetJob(job_pb2.GetJobRequest(job_id=missing), timeout=30),
+        "CancelJob": lambda: stub.CancelJob(job_pb2.CancelJobRequest(job_id=missing), timeout=30),
+        "WatchJob": lambda: watch(stub, missing, timeout_s=30),
+    }
+    for name, call in calls.items():
+        err = rpc_error(call)
+        assert err.code() == grpc.StatusCode.NOT_FOUND, (name, err.code(), err.details())
+        assert missing in (err.details() or ""), (name, err.details())
+
+
+def test_a_model_that_does_not_fit_is_resource_exhausted(control: Control) -> None:
+    spec = kernel(model="llama3.1-405b", sockets=4, tokens=16)
+    err = rpc_error(lambda: control.jobs.SubmitJob(job_pb2.SubmitJobRequest(spec=spec)))
+    assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, err.details()
+    message = err.details() or ""
+    asked = re.search(r"HBM cannot hold ([\d,]+) bytes", message)
+    free = re.search(r"([\d,]+) bytes free", message)
+    assert asked and free, message
+    hbm = platform(PLATFORM).socket.hbm.capacity_bytes
+    assert int(asked[1].replace(",", "")) > hbm >= int(free[1].replace(",", ""))
+
+
+def test_cancelling_a_finished_job_is_failed_precondition(control: Control) -> None:
+    stub = control.jobs
+    job_id = submit(stub, prefill(1, name="finished")).id
+    assert wait_terminal(stub, [job_id])[job_id].state == SUCCEEDED
+    err = rpc_error(lambda: stub.CancelJob(job_pb2.CancelJobRequest(job_id=job_id), timeout=30))
+    assert err.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "SUCCEEDED" in (err.details() or ""), err.details()
+    job = stub.GetJob(job_pb2.GetJobRequest(job_id=job_id), timeout=30).job
+    assert job.state == SUCCEEDED and job.result.kernel.emulated_s > 0
+
+
+# ------------------------------------------------------------------ listing and cancelling
+
+
+def test_cancel_pending_and_running_jobs_and_list_by_state(
+    control: Control, rack: list[ServedAgent]
+) -> None:
+    stub = control.jobs
+    reason = "test: no longer needed"
+
+    # PENDING: the rack is held by a 16-socket job, so an 8-socket job must wait.
+    blocker = submit(stub, kernel(sockets=16, tokens=20, name="blocker"))
+    waiting = submit(stub, prefill(8, name="waiting"))
+    cancelled = stub.CancelJob(
+        job_pb2.CancelJobRequest(job_id=waiting.id, reason=reason), timeout=30
+    ).job
+    assert cancelled.state == CANCELLED and not cancelled.sockets
+    assert cancelled.error_message == reason
+    changes = state_changes(watch(stub, waiting.id))
+    assert [c.to_state for c in changes] == [PENDING, CANCELLED]
+    assert changes[-1].reason == reason
+    assert wait_terminal(stub, [blocker.id])[blocker.id].state == SUCCEEDED
+
+    # RUNNING: cancel as soon as the watcher sees RUNNING (retry if it finished first).
+    running: job_pb2.Job | None = None
+    tried: list[str] = []
+    for _ in range(8):
+        job_id = submit(stub, kernel(sockets=16, tokens=2000, name="to-cancel")).id
+        tried.append(job_id)
+        stream = stub.WatchJob(job_pb2.WatchJobRequest(job_id=job_id), timeout=60)
+        seen: list[job_pb2.JobEvent] = []
+        for event in stream:
+            seen.append(event)
+            if event.state_change.to_state == RUNNING:
+                break
+        try:
+            running = stub.CancelJob(
+                job_pb2.CancelJobRequest(job_id=job_id, reason=reason), timeout=30
+            ).job
+        except grpc.RpcError as e:
+            assert e.code() == grpc.StatusCode.FAILED_PRECONDITION, e.details()
+            stream.cancel()
+            continue
+        rest = list(stream)  # the stream ends now that the job is terminal
+        changes = state_changes(seen + rest)
+        assert [c.to_state for c in changes] == [PENDING, SCHEDULED, RUNNING, CANCELLED]
+        break
+    assert running is not None, f"every job finished before it could be cancelled: {tried}"
+    assert running.state == CANCELLED and running.error_message == reason
+    assert len(running.sockets) == 16
+    final = wait_terminal(stub, tried)
+    assert final[running.id].state == CANCELLED  # a late worker did not overwrite it
+    assert not final[running.id].HasField("result")
+
+    # Its sockets are free again: the agents and the orchestrator's rack view agree.
+    ids = {ref.id for ref in running.sockets}
+    deadline = time.monotonic() + 30
+    while True:
+        rack_view = control.racks.GetRack(rack_pb2.GetRackRequest(), timeout=30).rack
+        holders = {
+            s.ref.id: s.current_job_id
+            for n in rack_view.nodes
+            for s in n.sockets
+            if s.ref.id in ids
+        }
+        if len(holders) == 16 and not any(holders.values()):
+            break
+        assert time.monotonic() < deadline, f"sockets still held: {holders}"
+        time.sleep(0.05)
+    assert not set(held_sockets(rack).values()) & set(tried)
+
+    # ListJobs filtered by state, newest first, and paged.
+    done = list_all(stub, [SUCCEEDED])
+    gone = list_all(stub, [CANCELLED])
+    assert done and all(j.state == SUCCEEDED for j in done)
+    assert all(j.state == CANCELLED for j in gone)
+    assert {waiting.id, running.id} <= {j.id for j in gone}
+    assert blocker.id in {j.id for j in done} and blocker.id not in {j.id for j in gone}
+    both = list_all(stub, [SUCCEEDED, CANCELLED])
+    assert {j.id for j in both} == {j.id for j in done} | {j.id for j in gone}
+    assert not list_all(stub, [FAILED])
+    everything = list_all(stub)
+    assert {j.id for j in both} <= {j.id for j in everything}
+    created = [j.create_time.ToNanoseconds() for j in everything]
+    assert created == sorted(created, reverse=True), "ListJobs is not newest first"
+    order = [j.id for j in everything]
+    assert order.index(waiting.id) < order.index(blocker.id)
+    assert [j.id for j in list_all(stub, page_size=2)] == order
+    assert [j.id for j in list_all(stub, [CANCELLED], page_size=1)] == [j.id for j in gone]
+
+
+def test_rack_service_shows_both_nodes(control: Control, rack: list[ServedAgent]) -> None:
+    status = control.racks.GetRack(rack_pb2.GetRackRequest(), timeout=30).rack
+    assert status.platform == PLATFORM
+    assert [n.index for n in status.nodes] == [0, 1]
+    assert [n.agent_address for n in status.nodes] == [a.server.address for a in rack]
+    for n in status.nodes:
+        assert n.healthy
+        assert [s.ref.id for s in n.sockets] == [f"rdu-n{n.index}-s{i}" for i in range(8)]
+        for s in n.sockets:
+            assert s.health == rack_pb2.SOCKET_HEALTH_HEALTHY
+            assert s.link_address.startswith("127.0.0.1:")
+            assert {t.tier for t in s.tiers} == {
+                common_pb2.TIER_SRAM,
+                common_pb2.TIER_HBM,
+                common_pb2.TIER_DDR,
+            }
+    nodes = control.racks.ListNodes(rack_pb2.ListNodesRequest(), timeout=30).nodes
+    assert [n.index for n in nodes] == [0, 1]
+    assert [[s.ref.id for s in n.sockets] for n in nodes] == [
+        [s.ref.id for s in n.sockets] for n in status.nodes
+    ]
+
+
+# ------------------------------------------------------------------ gang scheduling and queueing
+
+
+def test_three_8_socket_jobs_share_the_rack_two_at_a_time(control: Control) -> None:
+    stub = control.jobs
+    specs = [kernel(sockets=8, tokens=20, name=f"gang-{i}") for i in range(3)]
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        ids = [j.id for j in pool.map(lambda s: submit(stub, s), specs)]
+
+    most = 0
+    stop = threading.Event()
+
+    def poll() -> None:
+        nonlocal most
+        while not stop.is_set():
+            active = [j for j in list_all(stub, [SCHEDULED, RUNNING]) if j.id in ids]
+            most = max(most, len(active))
+            time.sleep(0.002)
+
+    poller = threading.Thread(target=poll, daemon=True)
+    poller.start()
+    try:
+        jobs = wait_terminal(stub, ids)
+    finally:
+        stop.set()
+        poller.join(timeout=10)
+    assert all(j.state == SUCCEEDED for j in jobs.values()), {
+        i: (j.state, j.error_message) for i, j in jobs.items()
+    }
+    assert most <= 2, f"{most} 8-socket jobs active at once on 16 sockets"
+
+    # The event history says the same: at any instant at most two jobs held sockets, and
+    # jobs that overlapped in time held disjoint sockets.
+    events = {i: watch(stub, i) for i in ids}
+    spans = {i: (event_time(e, SCHEDULED), event_time(e, SUCCEEDED)) for i, e in events.items()}
+    for i in ids:
+        start = spans[i][0]
+        overlapping = [j for j in ids if spans[j][0] <= start < spans[j][1]]
+        assert len(overlapping) <= 2, spans
+        for j in overlapping:
+            if j != i:
+                assert not {r.id for r in jobs[i].sockets} & {r.id for r in jobs[j].sockets}
+    for i in ids:
+        assert len(nodes_of(jobs[i])) == 1 and len(jobs[i].sockets) == 8
+        assert sum(e.HasField("result") for e in events[i]) == 1
+    # The last to start reused the sockets of one that finished, and started at that
+    # job's emulated end or later (clocks meet at a job's start).
+    last = max(ids, key=lambda i: spans[i][0])
+    before = [
+        j
+        for j in ids
+        if j != last and {r.id for r in jobs[j].sockets} == {r.id for r in jobs[last].sockets}
+    ]
+    assert before, "the third job ran on sockets no other job used"
+    assert jobs[last].emulated_start_ns >= max(jobs[j].emulated_end_ns for j in before)
+
+
+# ------------------------------------------------------------------ health and reflection
+
+
+def test_orchestrator_serves_health_and_reflection(control: Control) -> None:
+    checker: Any = health_pb2_grpc.HealthStub(control.channel)  # its stubs lack Check
+    for service in ("", JOB_SERVICE, RACK_SERVICE):
+        reply = checker.Check(health_pb2.HealthCheckRequest(service=service), timeout=10)
+        assert reply.status == health_pb2.HealthCheckResponse.SERVING, service
+    assert JOB_SERVICE == "rdurack.v1.JobService"
+    assert RACK_SERVICE == "rdurack.v1.RackService"
+
+    reflector: Any = reflection_pb2_grpc.ServerReflectionStub(control.channel)
+    requests = [
+        reflection_pb2.ServerReflectionRequest(list_services=""),
+        reflection_pb2.ServerReflectionRequest(file_containing_symbol="rdurack.v1.JobService"),
+    ]
+    replies = list(reflector.ServerReflectionInfo(iter(requests), timeout=10))
+    assert len(replies) == 2
+    names = {s.name for s in replies[0].list_services_response.service}
+    assert {"rdurack.v1.JobService", "rdurack.v1.RackService"} <= names
+    assert "grpc.health.v1.Health" in names
+    files = replies[1].file_descriptor_response.file_descriptor_proto
+    assert files and any(b"JobService" in f for f in files)
+
+
+# ------------------------------------------------------------------ fuzzing
+
+
+@dataclass(frozen=True)
+class Rpc:
+    path: str
+    streaming: bool
+    response: type[Message]
+    valid: Message
+
+
+def _rpcs(job_id: str) -> list[Rpc]:
+    job = "/rdurack.v1.JobService/"
+    rack = "/rdurack.v1.RackService/"
+    return [
+        Rpc(
+            job + "SubmitJob",
+            False,
+            job_pb2.SubmitJobResponse,
+            job_pb2.SubmitJobRequest(spec=prefill(1, name="fuzz")),
+        ),
+        Rpc(job + "GetJob", False, job_pb2.GetJobResponse, job_pb2.GetJobRequest(job_id=job_id)),
+        Rpc(
+            job + "ListJobs",
+            False,
+            job_pb2.ListJobsResponse,
+            job_pb2.ListJobsRequest(states=[SUCCEEDED, PENDING], page_size=3, page_token="3"),
+        ),
+        Rpc(
+            job + "CancelJob",
+            False,
+            job_pb2.CancelJobResponse,
+            job_pb2.CancelJobRequest(job_id=job_id, reason="fuzz"),
+        ),
+        Rpc(
+            job + "WatchJob",
+            True,
+            job_pb2.JobEvent,
+            job_pb2.WatchJobRequest(job_id=job_id, after_sequence=2),
+        ),
+        Rpc(rack + "GetRack", False, rack_pb2.GetRackResponse, rack_pb2.GetRackRequest()),
+        Rpc(rack + "ListNodes", False, rack_pb2.ListNodesResponse, rack_pb2.ListNodesRequest()),
+    ]
+
+
+def fuzz_inputs(valid: bytes, rng: random.Random, randoms: int = 200) -> list[bytes]:
+    """Random byte strings, every truncation of the valid message, and bit flips of it."""
+    inputs = [
+        rng.randbytes(rng.choice([rng.randint(0, 16), rng.randint(0, 300)])) for _ in range(randoms)
+    ]
+    inputs += [valid[:n] for n in range(len(valid))]
+    for _ in range(60 if valid else 0):
+        flipped = bytearray(valid)
+        for _ in range(rng.randint(1, 3)):
+            at = rng.randrange(len(flipped))
+            flipped[at] ^= 1 << rng.randrange(8)
+        inputs.append(bytes(flipped))
+    return inputs
+
+
+def _answer(ch: grpc.Channel, rpc: Rpc, data: bytes) -> str | None:
+    """None if the server answered properly; else what was wrong."""
+    try:
+        if rpc.streaming:
+            call: grpc.UnaryStreamMultiCallable[bytes, bytes] = ch.unary_stream(
+                rpc.path, request_serializer=None, response_deserializer=None
+            )
+            stream = call(data, timeout=3)
+            try:
+                for n, raw in enumerate(stream):
+                    rpc.response.FromString(raw)  # a valid message, or DecodeError
+                    if n >= 2:
+                        break
+            finally:
+                stream.cancel()
+        else:
+            unary: grpc.UnaryUnaryMultiCallable[bytes, bytes] = ch.unary_unary(
+                rpc.path, request_serializer=None, response_deserializer=None
+            )
+            rpc.response.FromString(unary(data, timeout=30))
+    except grpc.RpcError as e:
+        if e.code() in IMPROPER:
+            return f"{e.code().name}: {e.details()}"
+        return None
+    except Exception as e:
+        return f"bad response: {type(e).__name__}: {e}"
+    return None
+
+
+def test_fuzzed_requests_get_proper_statuses_and_the_server_keeps_serving(
+    control: Control,
+) -> None:
+    stub = control.jobs
+    known = submit(stub, prefill(1, name="fuzz-target")).id
+    assert wait_terminal(stub, [known])[known].state == SUCCEEDED
+    rng = random.Random(20240604)
+    # path -> improper answer -> (how many inputs got it, the first such input)
+    failures: dict[str, dict[str, tuple[int, bytes]]] = {}
+    sent = 0
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        for rpc in _rpcs(known):
+            inputs = fuzz_inputs(rpc.valid.SerializeToString(), rng)
+            sent += len(inputs)
+            answers = pool.map(lambda d, r=rpc: (d, _answer(control.channel, r, d)), inputs)
+            for data, problem in answers:
+                if problem is not None:
+                    seen = failures.setdefault(rpc.path, {})
+                    count, example = seen.get(problem, (0, data))
+                    seen[problem] = (count + 1, example)
+    assert sent > 7 * 200
+
+    # Still serving: health, a valid job end to end, and nothing left running.
+    checker: Any = health_pb2_grpc.HealthStub(control.channel)
+    reply = checker.Check(health_pb2.HealthCheckRequest(service=JOB_SERVICE), timeout=10)
+    assert reply.status == health_pb2.HealthCheckResponse.SERVING
+    after = submit(stub, prefill(2, name="after-fuzz")).id
+    assert wait_terminal(stub, [after])[after].state == SUCCEEDED
+    drain(stub, timeout_s=60)  # jobs some mutated SubmitJob created have all finished
+    assert stub.GetJob(job_pb2.GetJobRequest(job_id=known), timeout=30).job.state == SUCCEEDED
+
+    summary = "\n".join(
+        f"{path}: {count} x {problem} (e.g. input {example[:32].hex() or 'empty'})"
+        for path, problems in failures.items()
+        for problem, (count, example) in problems.items()
+    )
+    assert not failures, f"improper answers out of {sent} requests:\n{summary}"
+
+
+# ------------------------------------------------------------------ kill and restart
+
+
+class Process:
+    """`python -m rdurack.services.orchestrator_main` with its output in files."""
+
+    def __init__(self, state_dir: Path, agents: list[str], log_dir: Path, name: str) -> None:
+        self.out = log_dir / f"{name}.out"
+        self.err = log_dir / f"{name}.err"
+        with self.out.open("w") as out, self.err.open("w") as err:
+            self.proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "rdurack.services.orchestrator_main",
+                    "--port",
+                    str(free_port()),
+                    "--host",
+                    "127.0.0.1",
+                    "--state-dir",
+                    str(state_dir),
+                    "--agents",
+                    ",".join(agents),
+                    "--platform",
+                    PLATFORM,
+                ],
+                stdout=out,
+                stderr=err,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            )
+
+    def ready(self, timeout_s: float = 60.0) -> str:
+        """The address from the `orchestrator ready at HOST:PORT` line."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            for line in self.out.read_text().splitlines():
+                if line.startswith("orchestrator ready at "):
+                    return line.rsplit(" ", 1)[1].strip()
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        raise AssertionError(
+            f"orchestrator not ready (exit {self.proc.poll()}): {self.err.read_text()[-2000:]}"
+        )
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=30)
+
+
+def restart_specs() -> list[job_pb2.JobSpec]:
+    """20 small jobs: 1- and 2-socket prefills, every fifth a long decode."""
+    specs = []
+    for i in range(20):
+        if i % 5 == 4:
+            specs.append(
+                kernel(sockets=2, tokens=4096, sequence_length=128, name=f"restart-{i}-decode")
+            )
+        else:
+            specs.append(prefill(1 + i % 2, name=f"restart-{i}"))
+    return specs
+
+
+def test_killed_orchestrator_restarts_and_finishes_every_job(
+    rack: list[ServedAgent], tmp_path: Path
+) -> None:
+    agents = [a.server.address for a in rack]
+    state = tmp_path / "state"
+    started: list[Process] = []
+    ids: list[str] = []
+    try:
+        first = Process(state, agents, tmp_path, "first")
+        started.append(first)
+        with channel(first.ready()) as ch:
+            stub = job_pb2_grpc.JobServiceStub(ch)
+            specs = restart_specs()
+            ids += [submit(stub, s).id for s in specs[:6]]
+            deadline = time.monotonic() + 60
+            while sum(j.state in TERMINAL for j in list_all(stub) if j.id in ids) < 3:
+                assert time.monotonic() < deadline, "the first jobs did not finish"
+                time.sleep(0.02)
+            ids += [submit(stub, s).id for s in specs[6:]]  # each acknowledged = stored
+        first.proc.send_signal(signal.SIGKILL)
+        first.proc.wait(timeout=30)
+        assert len(set(ids)) == 20
+
+        # What the killed orchestrator left on disk: some finished, some not.
+        with JobStore(state / "jobs.sqlite") as store:
+            at_kill = {j.id: j.state.value for j in store.list()}
+        assert sorted(at_kill) == sorted(ids)
+        finished = [i for i, s in at_kill.items() if s in ("SUCCEEDED", "FAILED", "CANCELLED")]
+        assert len(finished) >= 3, at_kill
+        assert len(finished) < 20, "every job finished before the kill: nothing to recover"
+        was_running = [i for i, s in at_kill.items() if s == "RUNNING"]
+
+        second = Process(state, agents, tmp_path, "second")
+        started.append(second)
+        with channel(second.ready()) as ch:
+            stub = job_pb2_grpc.JobServiceStub(ch)
+            listed = list_all(stub)
+            assert sorted(j.id for j in listed) == sorted(ids), "a job was lost or invented"
+            for j in listed:
+                if at_kill[j.id] in ("SUCCEEDED", "FAILED", "CANCELLED"):
+                    assert common_pb2.JobState.Name(j.state) == f"JOB_STATE_{at_kill[j.id]}"
+            jobs = wait_terminal(stub, ids, timeout_s=120)
+            failed = {
+                i: (j.state, j.error_message) for i, j in jobs.items() if j.state != SUCCEEDED
+            }
+            assert not failed, failed
+            for i in ids:
+                assert jobs[i].result.kernel.emulated_s > 0
+                assert jobs[i].emulated_end_ns > jobs[i].emulated_start_ns
+            for i in was_running:  # their lost run was retried, and the history says so
+                reasons = [c.reason for c in state_changes(watch(stub, i))]
+                assert any("restarted" in r for r in reasons), reasons
+
+            # No socket is left reserved for any of these jobs, restart or not...
+            deadline = time.monotonic() + 10
+            while (held := {s: j for s, j in held_sockets(rack).items() if j in ids}) and (
+                time.monotonic() < deadline
+            ):
+                time.sleep(0.1)
+            # ...so the whole rack is usable again: a 16-socket job runs.
+            wide = submit(stub, kernel(sockets=16, tokens=20, name="after-restart")).id
+            ids.append(wide)
+            try:
+                ran = wait_terminal(stub, [wide], timeout_s=20)[wide]
+            except AssertionError:
+                stub.CancelJob(job_pb2.CancelJobRequest(job_id=wide), timeout=30)
+                raise AssertionError(
+                    "a 16-socket job cannot start after the restart; sockets still reserved "
+                    f"on the agents for finished jobs: {held}"
+                ) from None
+            assert ran.state == SUCCEEDED, ran.error_message
+            assert not held, f"sockets left reserved after every job finished: {held}"
+        second.proc.send_signal(signal.SIGTERM)
+        assert second.proc.wait(timeout=30) == 0, second.err.read_text()[-2000:]
+    finally:
+        for p in started:
+            p.stop()
+        release_held(rack, ids)
