@@ -3,6 +3,9 @@
 num_cpus=0: sixteen sockets share the host's cores; each actor is mostly waiting on its
 links. One call runs at a time, so a socket's state needs no locks; its gRPC link
 server runs on its own threads and only touches the thread-safe mailbox.
+
+Each actor is its own process: it configures tracing on construction, with its socket
+id as service.name (one Jaeger lane per socket).
 """
 
 from __future__ import annotations
@@ -13,8 +16,23 @@ from typing import Any
 import ray
 
 from rdurack.node_agent.socket import Socket
+from rdurack.telemetry import setup
 
-SocketActor: Any = ray.remote(num_cpus=0, max_restarts=0)(Socket)
+
+class TracedSocket(Socket):
+    """A Socket in its own actor process, which it configures tracing for."""
+
+    def __init__(self, socket_id: str, *args: Any, **kwargs: Any) -> None:
+        setup.configure(socket_id, env_name_wins=False)
+        super().__init__(socket_id, *args, **kwargs)
+
+    def flush_traces(self, timeout_ms: int = 5000) -> bool:
+        """Export queued spans now (the agent calls it before killing the actor, which
+        runs no exit handlers)."""
+        return setup.flush(timeout_ms)
+
+
+SocketActor: Any = ray.remote(num_cpus=0, max_restarts=0)(TracedSocket)
 
 
 def start_ray(address: str | None = None) -> None:

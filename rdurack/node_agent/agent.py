@@ -3,6 +3,9 @@
 A plain class; services/node_agent_service.py serves it as rdurack.v1.NodeAgentService.
 Every call to an actor has a deadline, so a dead or wedged socket shows up as a clear
 error, never as a hang.
+
+Calls that drive sockets (run_kernel, collective) open a span, child of the current
+one (the RPC's server span), and give the actors its context as an explicit carrier.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from typing import Any
 
 import numpy as np
 import ray
+from opentelemetry import trace
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -25,6 +29,8 @@ from rdurack.rack.kernels import FusionPlan, Phase
 from rdurack.rack.models import ModelSpec
 from rdurack.rack.spec import PlatformSpec
 from rdurack.rack.topology import SocketId
+from rdurack.telemetry import names
+from rdurack.telemetry.propagation import inject
 
 
 @dataclass(frozen=True)
@@ -62,6 +68,7 @@ class NodeAgent:
         self.socket_ids = [str(SocketId(node_index, i)) for i in range(platform.node.sockets)]
         self._actors: dict[str, Any] = {}
         self._addresses: dict[str, str] = {}
+        self._tracer = trace.get_tracer(names.TRACER_NODE_AGENT)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -84,7 +91,11 @@ class NodeAgent:
         self.connect(self._addresses)
 
     def stop(self) -> None:
-        """Kill the actors this agent started (only those)."""
+        """Kill the actors this agent started (only those), once they have exported
+        their spans (best effort: a dead or wedged actor does not delay this long)."""
+        flushes = [a.flush_traces.remote() for a in self._actors.values()]
+        if flushes:
+            ray.wait(flushes, num_returns=len(flushes), timeout=5.0)
         for actor in self._actors.values():
             ray.kill(actor, no_restart=True)
         self._actors.clear()
@@ -146,13 +157,25 @@ class NodeAgent:
         steps: int = 1,
         start_ns: int | None = None,
     ) -> list[Run]:
-        refs = [
-            self._actor(sid).run_kernel.remote(
-                job_id, model, phase, plan, batch, seq, group_size, steps, start_ns
-            )
-            for sid in socket_ids
-        ]
-        return self._get(refs, f"kernel of job {job_id}")
+        with self._tracer.start_as_current_span(
+            names.SPAN_NODE_KERNEL,
+            attributes={
+                names.ATTR_JOB_ID: job_id,
+                names.ATTR_NODE: self.node_index,
+                names.ATTR_SOCKETS: list(socket_ids),
+                names.ATTR_JOB_MODEL: model.name,
+                names.ATTR_JOB_PHASE: phase.value,
+                names.ATTR_STEPS: steps,
+            },
+        ):
+            carrier = inject()
+            refs = [
+                self._actor(sid).run_kernel.remote(
+                    job_id, model, phase, plan, batch, seq, group_size, steps, start_ns, carrier
+                )
+                for sid in socket_ids
+            ]
+            return self._get(refs, f"kernel of job {job_id}")
 
     def collective(
         self,
@@ -168,11 +191,25 @@ class NodeAgent:
         local = [s for s in (socket_ids or group) if s in self._actors]
         if not local:
             raise InvalidRequest(f"none of {list(group)} is a socket of node {self.node_index}")
-        refs = [
-            self._actor(sid).collective.remote(job_id, op, tag, list(group), **kwargs)
-            for sid in local
-        ]
-        return self._get(refs, f"collective {tag!r}")
+        with self._tracer.start_as_current_span(
+            names.SPAN_NODE_COLLECTIVE,
+            attributes={
+                names.ATTR_JOB_ID: job_id,
+                names.ATTR_NODE: self.node_index,
+                names.ATTR_SOCKETS: local,
+                names.ATTR_COLLECTIVE_OP: op,
+                names.ATTR_COLLECTIVE_TAG: tag,
+                names.ATTR_GROUP_SIZE: len(group),
+            },
+        ):
+            carrier = inject()
+            refs = [
+                self._actor(sid).collective.remote(
+                    job_id, op, tag, list(group), carrier=carrier, **kwargs
+                )
+                for sid in local
+            ]
+            return self._get(refs, f"collective {tag!r}")
 
     # ------------------------------------------------------------------ tensors (functional)
 

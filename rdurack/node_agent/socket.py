@@ -6,6 +6,10 @@ by what the rack/ timing model says; collectives execute the schedules of
 rack/collectives.py over the socket's gRPC links, sending real bytes (functional mode)
 or sized descriptors (timing mode) and pricing every transfer with the link rule, so the
 emulated time equals the predictor's.
+
+Every kernel and collective is a span on the emulated timeline (docs/data-plane.md,
+"Tracing"): child of the caller's carrier, stamped at the wall time the job reserved
+the socket plus the emulated time since the job's first operation on it.
 """
 
 from __future__ import annotations
@@ -14,6 +18,8 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
+from opentelemetry import trace
+from opentelemetry.util.types import AttributeValue
 
 from rdurack.node_agent.link_server import LinkEndpoint, OutgoingTransfer
 from rdurack.rack.clock import EmulatedClock
@@ -35,6 +41,8 @@ from rdurack.rack.memory import TieredMemory, TierUsage
 from rdurack.rack.models import ModelSpec
 from rdurack.rack.spec import PlatformSpec, Tier
 from rdurack.rack.topology import SocketId, Topology
+from rdurack.telemetry import names
+from rdurack.telemetry.propagation import extract
 from rdurack.workloads.predictor import Predictor
 
 COLLECTIVE_OPS = ("all_reduce", "broadcast", "all_gather", "barrier", "send")
@@ -79,7 +87,10 @@ class Socket:
         host: str = "127.0.0.1",
         port: int = 0,
         timeout_s: float = 30.0,
+        tracer_provider: trace.TracerProvider | None = None,
     ) -> None:
+        """`tracer_provider`: where hardware spans go (default: the process's global one,
+        which telemetry.setup.configure installs in a socket actor)."""
         if time_scale < 0:
             raise InvalidRequest(f"time_scale must be >= 0, got {time_scale}")
         self.name = socket_id
@@ -98,6 +109,9 @@ class Socket:
         self._links = Links(self.topology)  # this socket's own sends only
         self._endpoint = LinkEndpoint(socket_id, host, port, clock_ns=lambda: self.clock.now_ns)
         self._pace_anchor = (time.monotonic(), 0)
+        self._tracer = trace.get_tracer(names.TRACER_SOCKET, tracer_provider=tracer_provider)
+        # Hardware spans: (wall ns at reserve, emulated ns of the job's first operation).
+        self._trace_anchor: tuple[int, int | None] = (time.time_ns(), None)
 
     # ------------------------------------------------------------------ identity, links
 
@@ -133,6 +147,7 @@ class Socket:
         if self.job is None:
             self.job = job_id
             self._pace_anchor = (time.monotonic(), self.clock.now_ns)
+            self._trace_anchor = (time.time_ns(), None)
 
     def release(self, job_id: str) -> bool:
         """Free the socket and everything the job allocated on it; False if not held."""
@@ -202,10 +217,12 @@ class Socket:
         group_size: int,
         steps: int = 1,
         start_ns: int | None = None,
+        carrier: dict[str, str] | None = None,
     ) -> Run:
         """`steps` repetitions of one step (a kernel-looped decode of `steps` tokens is
         one call): the socket's share of a TP group of `group_size` sockets. The model's
-        weight share and KV cache are held in HBM for the job."""
+        weight share and KV cache are held in HBM for the job. `carrier`: the caller's
+        trace context; the kernel's span is its child."""
         self._hold(job_id)
         if steps <= 0:
             raise InvalidRequest(f"steps must be positive, got {steps}")
@@ -218,13 +235,56 @@ class Socket:
         start = self.clock.now_ns
         self.clock.advance(timing.total_s * steps * self.slowdown)
         self._pace()
-        return Run(
+        run = Run(
             self.name,
             start,
             self.clock.now_ns,
             kernel_calls=timing.kernel_calls * steps,
             hbm_bytes=int(timing.hbm_bytes * steps),
         )
+        self._span(
+            names.SPAN_KERNEL,
+            carrier,
+            job_id,
+            run,
+            {
+                names.ATTR_KERNEL_CALLS: run.kernel_calls,
+                names.ATTR_HBM_BYTES: run.hbm_bytes,
+                names.ATTR_STEPS: steps,
+                names.ATTR_JOB_MODEL: model.name,
+                names.ATTR_JOB_PHASE: phase.value,
+                names.ATTR_FUSION_PLAN: plan.value,
+            },
+        )
+        return run
+
+    def _span(
+        self,
+        name: str,
+        carrier: dict[str, str] | None,
+        job_id: str,
+        run: Run,
+        attributes: dict[str, AttributeValue],
+    ) -> None:
+        """Record `run` as a span on the emulated timeline: wall time at reserve plus the
+        emulated time since the job's first operation on this socket."""
+        wall0, emu0 = self._trace_anchor
+        if emu0 is None:
+            emu0 = run.start_ns
+            self._trace_anchor = (wall0, emu0)
+        span = self._tracer.start_span(
+            name,
+            context=extract(carrier),
+            start_time=wall0 + run.start_ns - emu0,
+            attributes={
+                names.ATTR_SOCKET: self.name,
+                names.ATTR_JOB_ID: job_id,
+                names.ATTR_EMULATED_START_NS: run.start_ns,
+                names.ATTR_EMULATED_NS: run.duration_ns,
+                **attributes,
+            },
+        )
+        span.end(end_time=wall0 + run.end_ns - emu0)
 
     def _hold_weights(self, job_id: str, model: ModelSpec, group_size: int, kv_tokens: int) -> None:
         weights = f"{job_id}/weights/{model.name}"
@@ -260,10 +320,12 @@ class Socket:
         algorithm: str = "auto",
         reduce_op: str = "sum",
         start_ns: int | None = None,
+        carrier: dict[str, str] | None = None,
     ) -> Run:
         """This socket's part of a collective over `group` (socket ids in rank order).
         Functional: `tensor` names the array each member holds; the result replaces it.
-        Timing: `nbytes` of `dtype` describe the buffer; only descriptors travel."""
+        Timing: `nbytes` of `dtype` describe the buffer; only descriptors travel.
+        `carrier`: the caller's trace context; the collective's span is its child."""
         self._hold(job_id)
         members = [SocketId.parse(g) for g in group]
         if self.id not in members:
@@ -298,7 +360,23 @@ class Socket:
             if op == "all_gather":
                 self._store(job_id, tensor, buffer.reshape((len(members), *data.shape)))
         self._pace()
-        return Run(self.name, start, self.clock.now_ns, bytes_sent=sent, bytes_received=received)
+        run = Run(self.name, start, self.clock.now_ns, bytes_sent=sent, bytes_received=received)
+        self._span(
+            names.SPAN_COLLECTIVE,
+            carrier,
+            job_id,
+            run,
+            {
+                names.ATTR_COLLECTIVE_OP: op,
+                names.ATTR_COLLECTIVE_ALGORITHM: algorithm if op == "all_reduce" else op,
+                names.ATTR_COLLECTIVE_TAG: tag,
+                names.ATTR_GROUP_SIZE: len(members),
+                names.ATTR_BYTES: elements * itemsize,
+                names.ATTR_BYTES_SENT: sent,
+                names.ATTR_BYTES_RECEIVED: received,
+            },
+        )
+        return run
 
     def _schedule(
         self,

@@ -7,16 +7,24 @@ overwritten by a late worker.
 
 One scheduling thread places queued jobs; a pool of workers runs them. A job starts at
 the latest emulated clock of its sockets (DESIGN: clocks meet at a job's start).
+
+Tracing (OpenTelemetry API only; the process configures the SDK): a span per scheduling
+round that placed jobs, and a span per job run, inside which the gateway calls are
+made, so the job's trace reaches the node agents.
 """
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal
+
+from opentelemetry import trace
 
 from rdurack.orchestrator.gateway import KernelRun, NodeGateway, NodeView
 from rdurack.orchestrator.jobs import IllegalTransition, Job, JobSpec, JobState, KernelWorkload
@@ -27,6 +35,7 @@ from rdurack.rack.kernels import Phase, step
 from rdurack.rack.models import builtin_models
 from rdurack.rack.spec import PlatformSpec
 from rdurack.rack.topology import SocketId, Topology
+from rdurack.telemetry import names
 from rdurack.workloads.predictor import Predictor
 
 log = logging.getLogger(__name__)
@@ -44,7 +53,9 @@ class Orchestrator:
         max_attempts: int = 3,
         progress_chunks: int = 10,
         poll_s: float = 0.5,
+        tracer_provider: trace.TracerProvider | None = None,
     ) -> None:
+        """`tracer_provider`: where its spans go (default: the process's global one)."""
         self.store = store
         self.gateway = gateway
         self.platform = platform
@@ -62,6 +73,7 @@ class Orchestrator:
         self._cancelled: set[str] = set()
         self._workers = ThreadPoolExecutor(max_workers=platform.sockets, thread_name_prefix="job")
         self._thread: threading.Thread | None = None
+        self._tracer = trace.get_tracer(names.TRACER_ORCHESTRATOR, tracer_provider=tracer_provider)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -179,6 +191,7 @@ class Orchestrator:
 
     def schedule_once(self) -> int:
         """One scheduling round; returns how many jobs it started."""
+        began = time.time_ns()
         queued = self.store.queued()
         if not queued:
             return 0
@@ -187,11 +200,15 @@ class Orchestrator:
         # A socket an agent reports held is busy, whatever the store says.
         busy |= {s.socket_id for n in nodes for s in n.sockets if s.job_id}
         placements = self.scheduler.schedule(queued, busy, self._unhealthy(nodes))
+        if not placements:
+            return 0
         started = 0
         by_id = {j.id: j for j in queued}
-        for p in placements:
-            if self._place(by_id[p.job_id], p.sockets):
-                started += 1
+        with self._tracer.start_as_current_span(names.SPAN_SCHEDULE, start_time=began) as span:
+            for p in placements:
+                if self._place(by_id[p.job_id], p.sockets):
+                    started += 1
+            span.set_attribute(names.ATTR_JOBS_PLACED, started)
         return started
 
     def _release_orphans(self) -> None:
@@ -236,7 +253,8 @@ class Orchestrator:
                 self.store.add_event(job.id, "placement", {"error": str(e)})
             return False
         self._notify()
-        self._workers.submit(self._run, job.id)
+        # The job's span links to the round that placed it.
+        self._workers.submit(self._run, job.id, trace.get_current_span().get_span_context())
         return True
 
     def _release(self, node: int, job_id: str, sockets: Sequence[str]) -> None:
@@ -247,9 +265,27 @@ class Orchestrator:
 
     # ------------------------------------------------------------------ running
 
-    def _run(self, job_id: str) -> None:
+    def _run(self, job_id: str, placed_by: trace.SpanContext | None = None) -> None:
         job = self.store.get(job_id)
         nodes = self._by_node(job.sockets)
+        w = job.spec.workload
+        links = [trace.Link(placed_by)] if placed_by is not None and placed_by.is_valid else []
+        span = self._tracer.start_span(
+            names.SPAN_JOB,
+            links=links,
+            attributes={
+                names.ATTR_JOB_ID: job_id,
+                names.ATTR_JOB_SOCKETS: list(job.sockets),
+                names.ATTR_JOB_MODEL: w.model,
+                names.ATTR_JOB_PHASE: w.phase.value,
+                names.ATTR_JOB_ATTEMPT: job.attempts + 1,
+            },
+        )
+        with trace.use_span(span, end_on_exit=True):
+            self._run_job(job, nodes)
+
+    def _run_job(self, job: Job, nodes: dict[int, list[str]]) -> None:
+        job_id = job.id
         try:
             if job.state is not JobState.SCHEDULED or job_id in self._cancelled:
                 return
@@ -307,8 +343,18 @@ class Orchestrator:
         self, job_id: str, nodes: dict[int, list[str]], w: KernelWorkload, steps: int, start: int
     ) -> list[KernelRun]:
         with ThreadPoolExecutor(max_workers=len(nodes)) as pool:
+            # Each call in a copy of this context: the job's span is its parent.
             futures = [
-                pool.submit(self.gateway.run_kernel, node, job_id, ids, w, steps, start)
+                pool.submit(
+                    contextvars.copy_context().run,
+                    self.gateway.run_kernel,
+                    node,
+                    job_id,
+                    ids,
+                    w,
+                    steps,
+                    start,
+                )
                 for node, ids in nodes.items()
             ]
             return [r for f in futures for r in f.result()]
@@ -329,6 +375,7 @@ class Orchestrator:
         return result
 
     def _failed(self, job_id: str, error: str, retry: bool) -> None:
+        trace.get_current_span().set_status(trace.StatusCode.ERROR, error)  # the job's span
         job = self.store.get(job_id)
         try:
             if retry and job.state in ACTIVE and job.attempts < self.max_attempts:

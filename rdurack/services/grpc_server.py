@@ -1,4 +1,5 @@
-"""One way to build a gRPC server: health checking, reflection and message-size limits."""
+"""One way to build a gRPC server: health checking, reflection, message-size limits and
+tracing; and one way to open a channel to one."""
 
 from __future__ import annotations
 
@@ -9,6 +10,9 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+from opentelemetry import trace
+
+from rdurack.telemetry.propagation import ClientTracing, ServerTracing
 
 # Messages above gRPC's 4 MB default must be allowed on both ends (tensors, results).
 MAX_MESSAGE_BYTES = 64 << 20
@@ -91,12 +95,15 @@ class Server:
         host: str = "127.0.0.1",
         port: int = 0,
         workers: int = 16,
+        tracer_provider: trace.TracerProvider | None = None,
     ) -> None:
-        """`services`: (full service name, a function adding its servicer to a server)."""
+        """`services`: (full service name, a function adding its servicer to a server).
+        `tracer_provider`: where RPC spans go (default: the process's global one)."""
         self.server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=workers),
             options=OPTIONS,
-            interceptors=[DecodeGuard()],
+            # Tracing outermost: its span also covers requests DecodeGuard refuses.
+            interceptors=[ServerTracing(tracer_provider), DecodeGuard()],
         )
         for _, add in services:
             add(self.server)
@@ -127,5 +134,8 @@ class Server:
         self.server.wait_for_termination()
 
 
-def channel(address: str) -> grpc.Channel:
-    return grpc.insecure_channel(address, options=OPTIONS)
+def channel(address: str, tracer_provider: trace.TracerProvider | None = None) -> grpc.Channel:
+    """A channel whose calls carry the caller's trace context (and get CLIENT spans)."""
+    return grpc.intercept_channel(
+        grpc.insecure_channel(address, options=OPTIONS), ClientTracing(tracer_provider)
+    )

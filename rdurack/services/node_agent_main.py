@@ -31,6 +31,7 @@ from rdurack.rack.errors import RdurackError
 from rdurack.rack.whatif import load_platform
 from rdurack.services.grpc_server import Server
 from rdurack.services.node_agent_service import SERVICE, NodeAgentService
+from rdurack.telemetry import setup
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -57,6 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     except (RdurackError, ValueError) as e:
         print(f"node-agent: {e}", file=sys.stderr)
         return 2
+    setup.configure(f"rdurack-node-agent-{args.node_index}")
     start_ray(args.ray_address or None)
     agent.start()
     service = NodeAgentService(agent)
@@ -71,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     server.stop()
     agent.stop()
     ray.shutdown()
+    setup.shutdown()
     return 0
 
 

@@ -30,6 +30,7 @@ from rdurack.rack.whatif import load_platform
 from rdurack.services.gateway import GrpcNodeGateway
 from rdurack.services.grpc_server import Server
 from rdurack.services.job_service import JOB_SERVICE, RACK_SERVICE, JobService, RackService
+from rdurack.telemetry import setup
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -64,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     except (RdurackError, ValueError) as e:
         print(f"orchestrator: {e}", file=sys.stderr)
         return 2
+    setup.configure("rdurack-orchestrator")
     gateway = GrpcNodeGateway(agents)
     orchestrator = Orchestrator(store, gateway, platform, recovery=args.recovery)
     recovered = orchestrator.start()
@@ -91,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     orchestrator.stop()
     gateway.close()
     store.close()
+    setup.shutdown()
     return 0
 
 

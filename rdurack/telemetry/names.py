@@ -1,0 +1,54 @@
+"""Span and attribute names: the one list of what a trace of the rack may contain.
+
+RPC spans follow the OpenTelemetry semantic conventions for RPC (`rpc.*`); rdurack's
+own attributes live under `rdurack.`. Hardware spans are on the emulated timeline
+(docs/data-plane.md, "Tracing").
+"""
+
+from __future__ import annotations
+
+# ---------------------------------------------------------------- spans
+SPAN_SCHEDULE = "orchestrator.schedule"  # a scheduling round that placed jobs
+SPAN_JOB = "job"  # one run (attempt) of a job, on the orchestrator
+SPAN_NODE_KERNEL = "node_agent.run_kernel"  # a node agent driving its sockets' kernels
+SPAN_NODE_COLLECTIVE = "node_agent.collective"  # ... and its sockets' part of a collective
+SPAN_KERNEL = "rdu.kernel"  # a socket running a kernel (emulated timeline)
+SPAN_COLLECTIVE = "rdu.collective"  # a socket's part of a collective (emulated timeline)
+
+# Instrumentation scope names (the tracer's name).
+TRACER_ORCHESTRATOR = "rdurack.orchestrator"
+TRACER_NODE_AGENT = "rdurack.node_agent"
+TRACER_SOCKET = "rdurack.socket"
+TRACER_GRPC = "rdurack.grpc"
+
+# ---------------------------------------------------------------- semantic conventions
+SERVICE_NAME = "service.name"
+RPC_SYSTEM = "rpc.system"
+RPC_SERVICE = "rpc.service"
+RPC_METHOD = "rpc.method"
+RPC_GRPC_STATUS_CODE = "rpc.grpc.status_code"
+
+# ---------------------------------------------------------------- rdurack attributes
+ATTR_JOB_ID = "rdurack.job.id"
+ATTR_JOB_MODEL = "rdurack.job.model"
+ATTR_JOB_PHASE = "rdurack.job.phase"
+ATTR_JOB_SOCKETS = "rdurack.job.sockets"  # the socket ids of the job (a list)
+ATTR_JOB_ATTEMPT = "rdurack.job.attempt"
+ATTR_JOBS_PLACED = "rdurack.schedule.jobs_placed"
+ATTR_NODE = "rdurack.node.index"
+ATTR_SOCKET = "rdurack.socket.id"
+ATTR_SOCKETS = "rdurack.socket.ids"  # the sockets an agent call drives (a list)
+ATTR_EMULATED_START_NS = "rdurack.emulated.start_ns"  # the socket's emulated clock
+ATTR_EMULATED_NS = "rdurack.emulated.duration_ns"
+ATTR_KERNEL_CALLS = "rdurack.kernel.calls"
+ATTR_STEPS = "rdurack.kernel.steps"
+ATTR_FUSION_PLAN = "rdurack.kernel.fusion_plan"
+ATTR_HBM_BYTES = "rdurack.memory.hbm.bytes"  # HBM traffic of a kernel
+ATTR_BYTES = "rdurack.bytes"  # a collective's buffer size (timing mode)
+ATTR_BYTES_SENT = "rdurack.link.bytes_sent"
+ATTR_BYTES_RECEIVED = "rdurack.link.bytes_received"
+ATTR_FLOPS = "rdurack.flops"  # reserved: FLOPs of a kernel (issue 7)
+ATTR_COLLECTIVE_OP = "rdurack.collective.op"
+ATTR_COLLECTIVE_ALGORITHM = "rdurack.collective.algorithm"
+ATTR_COLLECTIVE_TAG = "rdurack.collective.tag"
+ATTR_GROUP_SIZE = "rdurack.collective.group_size"

@@ -1,0 +1,215 @@
+"""Trace context across process boundaries: W3C trace-context carriers for Ray actor
+calls, and gRPC interceptors that carry it in metadata.
+
+Ray's own tracing hook is unmaintained, so actor calls take an explicit
+`carrier: dict[str, str]` (`inject()` on the caller, `extract()` in the actor).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import grpc
+from opentelemetry import context as otel_context
+from opentelemetry import propagate, trace
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+
+from rdurack.telemetry import names
+
+
+def inject(ctx: otel_context.Context | None = None) -> dict[str, str]:
+    """The current (or `ctx`'s) trace context as a carrier: `traceparent`, ..."""
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier, context=ctx)
+    return carrier
+
+
+def extract(carrier: Mapping[str, str] | None) -> otel_context.Context:
+    """The context a carrier from `inject` describes (an empty one for None)."""
+    return propagate.extract(dict(carrier or {}))
+
+
+def _current(span: Span) -> Any:
+    """Make `span` current; the caller ends it, with the gRPC status."""
+    return trace.use_span(span, record_exception=False, set_status_on_exception=False)
+
+
+def _split(method: str) -> tuple[str, str]:
+    """'/rdurack.v1.JobService/SubmitJob' -> ('rdurack.v1.JobService', 'SubmitJob')."""
+    service, _, name = method.lstrip("/").rpartition("/")
+    return service, name
+
+
+def _rpc_attributes(method: str) -> dict[str, str]:
+    service, name = _split(method)
+    return {names.RPC_SYSTEM: "grpc", names.RPC_SERVICE: service, names.RPC_METHOD: name}
+
+
+# Server spans: per the RPC semantic conventions only these codes are the server's error.
+_SERVER_ERRORS = {
+    grpc.StatusCode.UNKNOWN,
+    grpc.StatusCode.DEADLINE_EXCEEDED,
+    grpc.StatusCode.UNIMPLEMENTED,
+    grpc.StatusCode.INTERNAL,
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.DATA_LOSS,
+}
+
+
+def _finish(span: Span, code: grpc.StatusCode | None, details: str, server: bool) -> None:
+    code = code or grpc.StatusCode.OK
+    span.set_attribute(names.RPC_GRPC_STATUS_CODE, code.value[0])
+    if code is not grpc.StatusCode.OK and (not server or code in _SERVER_ERRORS):
+        span.set_status(Status(StatusCode.ERROR, f"{code.name}: {details}"))
+    span.end()
+
+
+class ServerTracing(grpc.ServerInterceptor):
+    """A SERVER span per RPC, named 'rdurack.v1.Service/Method', continuing the trace
+    the client put in the invocation metadata; current while the handler runs."""
+
+    def __init__(self, tracer_provider: trace.TracerProvider | None = None) -> None:
+        self._tracer = trace.get_tracer(names.TRACER_GRPC, tracer_provider=tracer_provider)
+
+    def intercept_service(self, continuation: Any, details: Any) -> Any:
+        handler = continuation(details)
+        if handler is None:
+            return None
+        method: str = details.method
+        metadata = {k: v for k, v in (details.invocation_metadata or ()) if isinstance(v, str)}
+        tracer = self._tracer
+
+        def start() -> Span:
+            return tracer.start_span(
+                method.lstrip("/"),
+                context=extract(metadata),
+                kind=SpanKind.SERVER,
+                attributes=_rpc_attributes(method),
+            )
+
+        def outcome(context: grpc.ServicerContext, error: BaseException | None) -> tuple[Any, str]:
+            # code() and details() exist on grpc's contexts, not in the typing stubs.
+            code = getattr(context, "code", lambda: None)()
+            if code is None and error is not None:
+                code = grpc.StatusCode.UNKNOWN
+            return code, str(getattr(context, "details", lambda: "")() or error or "")
+
+        def traced(
+            behavior: Callable[[Any, grpc.ServicerContext], Any],
+        ) -> Callable[[Any, grpc.ServicerContext], Any]:
+            def run(request: Any, context: grpc.ServicerContext) -> Any:
+                span = start()
+                error: BaseException | None = None
+                try:
+                    with trace.use_span(
+                        span, record_exception=False, set_status_on_exception=False
+                    ):
+                        return behavior(request, context)
+                except BaseException as e:
+                    error = e
+                    raise
+                finally:
+                    _finish(span, *outcome(context, error), server=True)
+
+            return run
+
+        def traced_stream(
+            behavior: Callable[[Any, grpc.ServicerContext], Iterator[Any]],
+        ) -> Callable[[Any, grpc.ServicerContext], Iterator[Any]]:
+            def run(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+                span = start()
+                error: BaseException | None = None
+                try:
+                    with trace.use_span(
+                        span, record_exception=False, set_status_on_exception=False
+                    ):
+                        yield from behavior(request, context)
+                except BaseException as e:
+                    error = e
+                    raise
+                finally:
+                    _finish(span, *outcome(context, error), server=True)
+
+            return run
+
+        if handler.unary_unary:
+            wrap, make = traced(handler.unary_unary), grpc.unary_unary_rpc_method_handler
+        elif handler.stream_unary:
+            wrap, make = traced(handler.stream_unary), grpc.stream_unary_rpc_method_handler
+        elif handler.unary_stream:
+            wrap, make = traced_stream(handler.unary_stream), grpc.unary_stream_rpc_method_handler
+        else:
+            wrap = traced_stream(handler.stream_stream)
+            make = grpc.stream_stream_rpc_method_handler
+        return make(
+            wrap,
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
+
+
+class _Details(grpc.ClientCallDetails):
+    def __init__(
+        self, base: grpc.ClientCallDetails, metadata: list[tuple[str, str | bytes]]
+    ) -> None:
+        self.method = base.method
+        self.timeout = base.timeout
+        self.metadata = tuple(metadata)
+        self.credentials = base.credentials
+        self.wait_for_ready = getattr(base, "wait_for_ready", None)
+        self.compression = getattr(base, "compression", None)
+
+
+class ClientTracing(
+    grpc.UnaryUnaryClientInterceptor,
+    grpc.UnaryStreamClientInterceptor,
+    grpc.StreamUnaryClientInterceptor,
+    grpc.StreamStreamClientInterceptor,
+):
+    """A CLIENT span per outgoing RPC, child of the current span, whose context goes
+    out in the call's metadata (W3C `traceparent`); it ends when the call does."""
+
+    def __init__(self, tracer_provider: trace.TracerProvider | None = None) -> None:
+        self._tracer = trace.get_tracer(names.TRACER_GRPC, tracer_provider=tracer_provider)
+
+    def _call(self, continuation: Any, details: grpc.ClientCallDetails, request: Any) -> Any:
+        method = str(details.method)
+        span = self._tracer.start_span(
+            method.lstrip("/"), kind=SpanKind.CLIENT, attributes=_rpc_attributes(method)
+        )
+        carrier = inject(trace.set_span_in_context(span))
+        metadata = [(k, v) for k, v in (details.metadata or ()) if k not in carrier] + list(
+            carrier.items()
+        )
+        try:
+            call = continuation(_Details(details, metadata), request)
+        except grpc.RpcError as e:
+            code = e.code() if isinstance(e, grpc.Call) else grpc.StatusCode.UNKNOWN
+            _finish(span, code, str(e), server=False)
+            raise
+        except BaseException as e:
+            _finish(span, grpc.StatusCode.UNKNOWN, str(e), server=False)
+            raise
+
+        def done(c: Any) -> None:
+            try:
+                code, text = c.code(), c.details()
+            except Exception:  # a call that never started has no status
+                code, text = grpc.StatusCode.UNKNOWN, ""
+            _finish(span, code, str(text or ""), server=False)
+
+        call.add_done_callback(done)
+        return call
+
+    def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+        return self._call(continuation, details, request)
+
+    def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
+        return self._call(continuation, details, request)
+
+    def intercept_stream_unary(self, continuation: Any, details: Any, requests: Any) -> Any:
+        return self._call(continuation, details, requests)
+
+    def intercept_stream_stream(self, continuation: Any, details: Any, requests: Any) -> Any:
+        return self._call(continuation, details, requests)
