@@ -10,7 +10,6 @@ import json
 import sys
 from typing import Annotated
 
-import grpc
 import typer
 from rich.console import Console
 from rich.table import Table
@@ -19,8 +18,8 @@ from rdurack.rack.errors import RdurackError, UnknownName
 from rdurack.rack.kernels import FusionPlan, Phase
 from rdurack.rack.models import ModelSpec, builtin_models
 from rdurack.rack.whatif import load_platform
+from rdurack.services import cli_rack  # noqa: F401  (registers the rack commands)
 from rdurack.services.cli_app import JsonOpt, SpecOpt, app, emit
-from rdurack.services.cli_rack import DEFAULT_ADDRESS, USER_ERRORS, _address_tried
 from rdurack.workloads.paper import Figure, PaperStudy, to_markdown
 from rdurack.workloads.predictor import (
     TABLE_V_PROMPT_TOKENS,
@@ -237,23 +236,7 @@ def main() -> None:
         sys.exit(2)
     except RdurackError as e:
         print(f"rdu: {e}", file=sys.stderr)
-        sys.exit(2)
-    except grpc.RpcError as e:
-        code = e.code() if isinstance(e, grpc.Call) else None
-        details = (e.details() if isinstance(e, grpc.Call) else None) or str(code or e)
-        where = _address_tried[-1] if _address_tried else DEFAULT_ADDRESS
-        if code in USER_ERRORS:
-            print(f"rdu: {details}", file=sys.stderr)
-            sys.exit(2)
-        if code == grpc.StatusCode.UNAVAILABLE:
-            print(
-                f"rdu: the orchestrator at {where} is unavailable; is the rack up? run rdu up",
-                file=sys.stderr,
-            )
-            sys.exit(1)
-        name = code.name if code is not None else "error"
-        print(f"rdu: {name} from {where}: {' '.join(details.split())}", file=sys.stderr)
-        sys.exit(1)
+        sys.exit(getattr(e, "exit_code", 2))
 
 
 if __name__ == "__main__":

@@ -4,12 +4,14 @@ demo. They talk to the orchestrator's JobService and RackService.
 
 from __future__ import annotations
 
+import functools
 import json
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, NoReturn, cast
+from typing import Annotated, Any, NoReturn, TypeVar, cast
 
 import grpc
 import typer
@@ -26,6 +28,7 @@ from rich.progress import (
 from rich.table import Table
 
 from rdurack.orchestrator.jobs import JobState
+from rdurack.rack.errors import RdurackError
 from rdurack.rack.kernels import FusionPlan, Phase
 from rdurack.services.cli_app import JsonOpt, app, emit
 from rdurack.services.grpc_server import channel
@@ -55,7 +58,52 @@ TimeoutOpt = Annotated[
 ]
 
 
-_address_tried: list[str] = []  # the orchestrator address this run called, for errors
+# gRPC codes that mean the request was wrong (exit 2), as for bad command-line values.
+USER_ERRORS = frozenset(
+    {
+        grpc.StatusCode.INVALID_ARGUMENT,
+        grpc.StatusCode.NOT_FOUND,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        grpc.StatusCode.FAILED_PRECONDITION,
+    }
+)
+
+
+class RackCallFailed(RdurackError):
+    """A call to the orchestrator failed: one line for the user, and the exit code."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+    @classmethod
+    def from_rpc(cls, e: grpc.RpcError, address: str) -> RackCallFailed:
+        code = e.code() if isinstance(e, grpc.Call) else None
+        details = (e.details() if isinstance(e, grpc.Call) else None) or str(code or e)
+        if code in USER_ERRORS:
+            return cls(details, 2)
+        if code == grpc.StatusCode.UNAVAILABLE:
+            return cls(
+                f"the orchestrator at {address} is unavailable; is the rack up? run rdu up", 1
+            )
+        name = code.name if code is not None else "error"
+        return cls(f"{name} from {address}: {' '.join(details.split())}", 1)
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def talks_to_orchestrator(command: F) -> F:
+    """A command's gRPC failures become one line naming the orchestrator it called."""
+
+    @functools.wraps(command)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return command(*args, **kwargs)
+        except grpc.RpcError as e:
+            raise RackCallFailed.from_rpc(e, kwargs.get("address", DEFAULT_ADDRESS)) from None
+
+    return cast(F, run)
 
 
 @app.command("up")
@@ -96,7 +144,6 @@ def down_cmd(state_dir: StateDirOpt = Path(".state")) -> None:
 
 
 def _stubs(address: str) -> tuple[grpc.Channel, job_pb2_grpc.JobServiceStub]:
-    _address_tried.append(address)
     ch = channel(address)
     return ch, job_pb2_grpc.JobServiceStub(ch)
 
@@ -227,6 +274,7 @@ app.add_typer(submit_app, name="submit")
 
 
 @submit_app.command("kernel")
+@talks_to_orchestrator
 def submit_kernel_cmd(
     model: Annotated[str, typer.Option(help="model preset, e.g. llama2-7b")],
     phase: Annotated[Phase, typer.Option(help="one prefill pass, decode tokens, one train step")],
@@ -277,6 +325,7 @@ def submit_kernel_cmd(
 
 
 @app.command("watch")
+@talks_to_orchestrator
 def watch_cmd(
     job_id: Annotated[str, typer.Argument(help="a job id, e.g. job-000001")],
     timeout: TimeoutOpt = WATCH_TIMEOUT_S,
@@ -290,6 +339,7 @@ def watch_cmd(
 
 
 @app.command("job")
+@talks_to_orchestrator
 def job_cmd(
     job_id: Annotated[str, typer.Argument(help="a job id")],
     address: AddressOpt = DEFAULT_ADDRESS,
@@ -302,6 +352,7 @@ def job_cmd(
 
 
 @app.command("cancel")
+@talks_to_orchestrator
 def cancel_cmd(
     job_id: Annotated[str, typer.Argument(help="a job id")],
     reason: Annotated[str, typer.Option(help="recorded as the job's error")] = "cancelled by rdu",
@@ -321,6 +372,7 @@ def cancel_cmd(
 
 
 @app.command("jobs")
+@talks_to_orchestrator
 def jobs_cmd(
     state: Annotated[
         list[JobState] | None,
@@ -436,9 +488,9 @@ def _rack_dict(rack: rack_pb2.RackStatus) -> dict[str, Any]:
 
 
 @app.command("status")
+@talks_to_orchestrator
 def status_cmd(address: AddressOpt = DEFAULT_ADDRESS, as_json: JsonOpt = False) -> None:
     """The rack: every socket's health, job, emulated clock and memory per tier."""
-    _address_tried.append(address)
     with channel(address) as ch:
         rack = (
             rack_pb2_grpc.RackServiceStub(ch)
@@ -486,6 +538,7 @@ DEMO_JOBS: list[tuple[str, str, Phase, int, int, int]] = [
 
 
 @app.command("demo")
+@talks_to_orchestrator
 def demo_cmd(
     state_dir: StateDirOpt = Path(".state"),
     port: Annotated[int, typer.Option(min=0, max=65535, help="orchestrator port")] = 50051,
@@ -583,14 +636,3 @@ def _follow_all(
                 t.join(0.2)
     for e in errors:
         console.print(f"[yellow]{e}[/]")
-
-
-# gRPC codes that mean the request was wrong (exit 2), as for bad command-line values.
-USER_ERRORS = frozenset(
-    {
-        grpc.StatusCode.INVALID_ARGUMENT,
-        grpc.StatusCode.NOT_FOUND,
-        grpc.StatusCode.RESOURCE_EXHAUSTED,
-        grpc.StatusCode.FAILED_PRECONDITION,
-    }
-)
