@@ -27,6 +27,7 @@ from typing import Any
 
 import psutil
 
+from rdurack import RAY_ENVIRONMENT
 from rdurack.rack.errors import RdurackError
 
 DEFAULT_PLATFORM = "sn40l-rack16"
@@ -35,12 +36,6 @@ RACK_FILE = "rack.json"
 SPEC_FILE = "platform.yaml"
 STOP_WAIT_S = 15.0
 TAIL_LINES = 15
-# Ray must stay on loopback and must not phone home, whatever the caller's environment.
-RAY_ENV = {
-    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
-    "RAY_USAGE_STATS_ENABLED": "0",
-    "RAY_AUTH_MODE": "disabled",
-}
 
 
 def default_state_dir() -> Path:
@@ -86,7 +81,7 @@ class RackProcesses:
 
 
 def _env() -> dict[str, str]:
-    return {**os.environ, **RAY_ENV, "PYTHONUNBUFFERED": "1"}
+    return {**os.environ, **RAY_ENVIRONMENT, "PYTHONUNBUFFERED": "1"}
 
 
 def _spawn(name: str, module: str, args: list[str], logs: Path) -> subprocess.Popen[bytes]:
