@@ -18,9 +18,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import signal
 import sys
-import threading
 from pathlib import Path
 
 import ray
@@ -31,6 +29,7 @@ from rdurack.rack.errors import RdurackError
 from rdurack.rack.whatif import load_platform
 from rdurack.services.grpc_server import Server
 from rdurack.services.node_agent_service import SERVICE, NodeAgentService
+from rdurack.services.stop_signal import StopSignal
 from rdurack.telemetry import setup
 
 
@@ -66,10 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     service.address = server.address
     print(f"node-agent {args.node_index} ready at {server.address}", flush=True)
 
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    stop.wait()
+    StopSignal().install().wait()
     server.stop()
     agent.stop()
     ray.shutdown()

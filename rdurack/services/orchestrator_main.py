@@ -18,9 +18,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import signal
 import sys
-import threading
 from pathlib import Path
 
 from rdurack.orchestrator.orchestrator import Orchestrator
@@ -30,6 +28,7 @@ from rdurack.rack.whatif import load_platform
 from rdurack.services.gateway import GrpcNodeGateway
 from rdurack.services.grpc_server import Server
 from rdurack.services.job_service import JOB_SERVICE, RACK_SERVICE, JobService, RackService
+from rdurack.services.stop_signal import StopSignal
 from rdurack.telemetry import setup
 
 
@@ -85,10 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     if recovered:
         print(f"orchestrator recovered {len(recovered)} jobs", flush=True)
     print(f"orchestrator ready at {server.address}", flush=True)
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    stop.wait()
+    StopSignal().install().wait()
     server.stop()
     orchestrator.stop()
     gateway.close()

@@ -8,28 +8,22 @@ on loopback (importing rdurack set Ray's environment), prints one line
 from __future__ import annotations
 
 import logging
-import signal
 import sys
-import threading
 
 import rdurack  # noqa: F401  (sets Ray's loopback environment before Ray is imported)
+from rdurack.services.stop_signal import StopSignal
 
 
 def main() -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
-    stop = threading.Event()
-
-    def handle() -> None:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: stop.set())
-
-    handle()  # first: a SIGTERM that arrives while Ray starts still stops it cleanly
+    # First: a SIGTERM that arrives while Ray starts still stops it cleanly.
+    stop = StopSignal().install()
     import ray
 
     from rdurack.node_agent.actors import start_ray
 
     start_ray()
-    handle()  # again: Ray's core worker installs its own SIGTERM handler
+    stop.install()  # again: Ray's core worker installs its own SIGTERM handler
     print(f"ray-head ready at {ray.get_runtime_context().gcs_address}", flush=True)
     stop.wait()
     ray.shutdown()
