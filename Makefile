@@ -9,6 +9,9 @@ BIN := $(VENV)/bin
 PROTO_SRC := $(shell find proto -name '*.proto' 2>/dev/null | sort)
 GEN_DIR := rdurack/v1
 INSTALL_STAMP := $(VENV)/.installed
+# k8s/overlays/<OVERLAY>: dev (1 node x 2 sockets) or rack16 (2 nodes x 8 sockets)
+OVERLAY ?= dev
+KUBECTL ?= kubectl
 PROTO_STAMP := $(GEN_DIR)/.generated
 # Ray must stay on loopback and must not phone home; see README "Ray on this machine".
 # protoc finds the mypy plugins on PATH.
@@ -17,10 +20,10 @@ export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER := 0
 export RAY_USAGE_STATS_ENABLED := 0
 export RAY_AUTH_MODE := disabled
 
-.PHONY: help install proto lint typecheck test run bench clean
+.PHONY: help install proto lint typecheck test run bench clean k8s-render k8s-apply
 
 help: ## list the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-11s %s\n", $$1, $$2}'
 
 $(INSTALL_STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -56,6 +59,12 @@ run: $(PROTO_STAMP) ## the main demo on the embedded default rack (rdu demo)
 
 bench: $(PROTO_STAMP) ## benchmarks: prints a table, writes build/bench.json
 	$(BIN)/python -m rdurack.services.bench --out build/bench.json
+
+k8s-render: ## print the manifests of k8s/overlays/$(OVERLAY) (OVERLAY=dev|rack16)
+	$(KUBECTL) kustomize k8s/overlays/$(OVERLAY)
+
+k8s-apply: ## apply k8s/overlays/$(OVERLAY) to the current kubectl context
+	$(KUBECTL) apply -k k8s/overlays/$(OVERLAY)
 
 clean: ## remove the venv, generated code and build outputs
 	rm -rf $(VENV) $(GEN_DIR) build .mypy_cache .ruff_cache .pytest_cache

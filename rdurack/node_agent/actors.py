@@ -44,6 +44,9 @@ def start_ray(address: str | None = None) -> None:
         ray.init(address=address, namespace="rdurack", logging_level=logging.WARNING)
     else:
         ray.init(
+            # "local": always a new cluster. Without it Ray joins whatever cluster
+            # /tmp/ray/ray_current_cluster names (a user's `ray start`, or a dead one).
+            address="local",
             namespace="rdurack",
             include_dashboard=False,
             logging_level=logging.WARNING,

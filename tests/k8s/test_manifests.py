@@ -1,0 +1,245 @@
+"""The rendered overlays: schema-valid, and their objects agree with one another and with
+the project's own rack model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+
+from rdurack.rack.whatif import load_platform
+from tests.k8s.conftest import OVERLAYS, Obj, env_of, find, is_rdurack, workloads
+
+# The oldest minor the manifests need (gRPC probes GA 1.27, pod-index label 1.28) that
+# kubernetes-validate ships a strict schema for, and the newest it ships.
+SCHEMA_VERSIONS = ("1.32.0", "1.37.0")
+OTEL = "http://jaeger:4317"
+NEEDS_GRPC_PROBES = {"orchestrator", "node-agent"}  # they serve grpc.health.v1
+
+
+def component(obj: Obj) -> str:
+    return str(obj["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"])
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_overlay_renders_every_piece(rendered: dict[str, list[Obj]], overlay: str) -> None:
+    kinds = {(d["kind"], d["metadata"]["name"]) for d in rendered[overlay]}
+    assert kinds == {
+        ("ConfigMap", "rdurack-spec"),
+        ("Deployment", "rdurack-ray-head"),
+        ("Service", "rdurack-ray-head"),
+        ("StatefulSet", "rdurack-node-agent"),
+        ("Service", "rdurack-node-agent"),
+        ("Deployment", "rdurack-orchestrator"),
+        ("Service", "rdurack-orchestrator"),
+        ("PersistentVolumeClaim", "rdurack-jobs"),
+        ("NetworkPolicy", "rdurack-orchestrator"),
+        ("NetworkPolicy", "rdurack-node-agent"),
+        ("NetworkPolicy", "rdurack-ray-head"),
+        ("PodDisruptionBudget", "rdurack-node-agent"),
+        ("PodDisruptionBudget", "rdurack-orchestrator"),
+        ("Deployment", "jaeger"),
+        ("Service", "jaeger"),
+        ("NetworkPolicy", "jaeger"),
+    }
+
+
+@pytest.mark.parametrize("version", SCHEMA_VERSIONS)
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_object_is_strictly_schema_valid(
+    rendered: dict[str, list[Obj]], overlay: str, version: str
+) -> None:
+    for obj in rendered[overlay]:
+        try:
+            kubernetes_validate.validate(obj, version, strict=True)
+        except kubernetes_validate.ValidationError as e:
+            pytest.fail(f"{overlay}: {obj['kind']}/{obj['metadata']['name']}: {e.message}")
+
+
+def test_strict_validation_catches_a_typo() -> None:
+    """The check above has teeth: an unknown field fails strict validation."""
+    bad: dict[str, Any] = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": "x"},
+        "spec": {"selectr": {"a": "b"}, "ports": [{"port": 1}]},
+    }
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(bad, SCHEMA_VERSIONS[0], strict=True)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_services_select_pods_and_name_their_ports(
+    rendered: dict[str, list[Obj]], overlay: str
+) -> None:
+    docs = rendered[overlay]
+    pods = [w["spec"]["template"] for w in workloads(docs)]
+    for svc in (d for d in docs if d["kind"] == "Service"):
+        selector = svc["spec"]["selector"]
+        matched = [p for p in pods if selector.items() <= p["metadata"]["labels"].items()]
+        assert len(matched) == 1, f"Service {svc['metadata']['name']} selects {len(matched)}"
+        ports = {
+            p["name"]: p["containerPort"]
+            for c in matched[0]["spec"]["containers"]
+            for p in c["ports"]
+        }
+        for port in svc["spec"]["ports"]:
+            assert port["targetPort"] in ports, f"{svc['metadata']['name']}: {port}"
+            assert ports[port["targetPort"]] == port["port"]
+    for w in workloads(docs):
+        labels = w["spec"]["template"]["metadata"]["labels"]
+        assert w["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    for pdb in (d for d in docs if d["kind"] in ("PodDisruptionBudget", "NetworkPolicy")):
+        sel = pdb["spec"].get("selector") or pdb["spec"]["podSelector"]
+        assert any(sel["matchLabels"].items() <= p["metadata"]["labels"].items() for p in pods)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_probes_use_declared_ports(rendered: dict[str, list[Obj]], overlay: str) -> None:
+    for w in workloads(rendered[overlay]):
+        for c in w["spec"]["template"]["spec"]["containers"]:
+            names = {p["name"] for p in c["ports"]}
+            numbers = {p["containerPort"] for p in c["ports"]}
+            for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
+                probe = c.get(kind)
+                if probe is None:
+                    continue
+                action = probe.get("grpc") or probe.get("tcpSocket") or probe.get("httpGet")
+                assert action is not None, f"{c['name']} {kind}"
+                port = action["port"]
+                assert port in (names if isinstance(port, str) else numbers), f"{c['name']} {kind}"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_pod_is_hardened_and_bounded(rendered: dict[str, list[Obj]], overlay: str) -> None:
+    for w in workloads(rendered[overlay]):
+        spec = w["spec"]["template"]["spec"]
+        assert spec["securityContext"]["runAsNonRoot"] is True
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        for c in spec["containers"]:
+            where = f"{overlay}: {w['metadata']['name']}/{c['name']}"
+            sc = c["securityContext"]
+            assert sc["runAsNonRoot"] is True, where
+            assert sc["readOnlyRootFilesystem"] is True, where
+            assert sc["allowPrivilegeEscalation"] is False, where
+            assert sc["capabilities"]["drop"] == ["ALL"], where
+            for bound in ("requests", "limits"):
+                assert {"cpu", "memory"} <= c["resources"][bound].keys(), where
+            assert c["readinessProbe"] and c["livenessProbe"], where
+            mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+            assert "emptyDir" in volumes[mounts["/tmp"]], where  # writable despite read-only /
+            if not is_rdurack(c):
+                continue
+            assert volumes[mounts["/dev/shm"]]["emptyDir"]["medium"] == "Memory", where
+            if component(w) in NEEDS_GRPC_PROBES:
+                port = env_of(c)
+                for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
+                    assert "grpc" in c[kind], f"{where} {kind}"
+                served = {p["containerPort"] for p in c["ports"] if p["name"] == "grpc"}
+                assert {c[k]["grpc"]["port"] for k in ("readinessProbe", "livenessProbe")} == served
+                key = (
+                    "RDURACK_AGENT_PORT"
+                    if component(w) == "node-agent"
+                    else "RDURACK_ORCHESTRATOR_PORT"
+                )
+                assert {int(port[key]["value"])} == served, where
+            else:
+                assert c["livenessProbe"]["tcpSocket"]["port"] == "gcs", where
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_rack_shape_agrees_everywhere(
+    rendered: dict[str, list[Obj]], overlay: str, tmp_path: Path
+) -> None:
+    """The spec's nodes = the StatefulSet's replicas = the orchestrator's agent list, and
+    the spec is valid for the project's own model."""
+    docs = rendered[overlay]
+    spec_file = tmp_path / "platform.yaml"
+    spec_file.write_text(find(docs, "ConfigMap", "rdurack-spec")["data"]["platform.yaml"])
+    platform = load_platform("sn40l-rack16", spec_file)
+
+    agents_set = find(docs, "StatefulSet", "rdurack-node-agent")
+    orchestrator = find(docs, "Deployment", "rdurack-orchestrator")
+    (orch,) = orchestrator["spec"]["template"]["spec"]["containers"]
+    agents = env_of(orch)["RDURACK_AGENTS"]["value"].split(",")
+    (agent,) = agents_set["spec"]["template"]["spec"]["containers"]
+    port = env_of(agent)["RDURACK_AGENT_PORT"]["value"]
+
+    assert platform.nodes == agents_set["spec"]["replicas"] == len(agents)
+    assert agents == [
+        f"rdurack-node-agent-{i}.{agents_set['spec']['serviceName']}:{port}"
+        for i in range(platform.nodes)
+    ]
+    assert (platform.nodes, platform.node.sockets) == {"dev": (1, 2), "rack16": (2, 8)}[overlay]
+    # Every rdurack process reads the same mounted spec.
+    for w in workloads(docs):
+        for c in w["spec"]["template"]["spec"]["containers"]:
+            if is_rdurack(c) and component(w) != "ray-head":
+                path = Path(env_of(c)["RDURACK_SPEC"]["value"])
+                mount = next(m for m in c["volumeMounts"] if m["mountPath"] == str(path.parent))
+                volume = next(
+                    v
+                    for v in w["spec"]["template"]["spec"]["volumes"]
+                    if v["name"] == mount["name"]
+                )
+                assert volume["configMap"]["name"] == "rdurack-spec"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_pods_get_identity_from_the_downward_api(
+    rendered: dict[str, list[Obj]], overlay: str
+) -> None:
+    (agent,) = find(rendered[overlay], "StatefulSet", "rdurack-node-agent")["spec"]["template"][
+        "spec"
+    ]["containers"]
+    env = env_of(agent)
+    assert env["RDURACK_NODE_INDEX"]["valueFrom"]["fieldRef"]["fieldPath"] == (
+        "metadata.labels['apps.kubernetes.io/pod-index']"
+    )
+    assert env["RDURACK_HOST"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+    assert env["RAY_ADDRESS"]["value"] == "rdurack-ray-head:6379"
+    # 0 would pin Ray to loopback and refuse worker nodes (see ray-head.yaml).
+    assert env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"]["value"] == "1"
+    mounts = {m["mountPath"] for m in agent["volumeMounts"]}
+    assert "/var/lib/rdurack/checkpoints" in mounts
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_tracing_reaches_every_rdurack_container(
+    rendered: dict[str, list[Obj]], overlay: str
+) -> None:
+    docs = rendered[overlay]
+    ours = [c for w in workloads(docs) for c in w["spec"]["template"]["spec"]["containers"]]
+    ours = [c for c in ours if is_rdurack(c)]
+    assert len(ours) == 3
+    for c in ours:
+        assert env_of(c)["OTEL_EXPORTER_OTLP_ENDPOINT"]["value"] == OTEL, c["name"]
+    jaeger = find(docs, "Service", "jaeger")
+    assert {p["port"] for p in jaeger["spec"]["ports"]} == {16686, 4317}
+    (jc,) = find(docs, "Deployment", "jaeger")["spec"]["template"]["spec"]["containers"]
+    assert env_of(jc)["COLLECTOR_OTLP_ENABLED"]["value"] == "true"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_network_policy_exposes_only_the_orchestrator(
+    rendered: dict[str, list[Obj]], overlay: str
+) -> None:
+    policies = {
+        d["metadata"]["name"]: d["spec"] for d in rendered[overlay] if d["kind"] == "NetworkPolicy"
+    }
+    open_rules = {
+        name: [r for r in spec["ingress"] if "from" not in r] for name, spec in policies.items()
+    }
+    # Rules without `from` admit any client: only the orchestrator's port (and Jaeger's UI).
+    assert open_rules["rdurack-orchestrator"] == [{"ports": [{"protocol": "TCP", "port": 50051}]}]
+    assert open_rules["rdurack-node-agent"] == [] and open_rules["rdurack-ray-head"] == []
+    assert open_rules["jaeger"] == [{"ports": [{"protocol": "TCP", "port": 16686}]}]
+    agent_rules = policies["rdurack-node-agent"]["ingress"]
+    sources = [
+        {p["podSelector"]["matchLabels"]["app.kubernetes.io/component"] for p in r["from"]}
+        for r in agent_rules
+    ]
+    assert sources == [{"orchestrator"}, {"node-agent", "ray-head"}]
+    assert agent_rules[0]["ports"] == [{"protocol": "TCP", "port": 50061}]

@@ -1,0 +1,231 @@
+"""Smoke test: the dev overlay's rdurack containers, run as local processes.
+
+It reads the rendered manifests and starts each rdurack container's own command with its
+own environment (Jaeger, a third-party image, is left out), in the order the kubelet's
+probes would gate them: the Ray head until its GCS port accepts connections, then the
+node agent and the orchestrator until their gRPC health reports SERVING.
+
+What changes from a pod, and nothing else:
+- the downward API: status.podIP is 127.0.0.1 and the pod-index label is "0";
+- Service DNS names become 127.0.0.1, with free ports instead of 6379/50061/50051;
+- the ConfigMap mount and the state dir are directories under tmp_path;
+- Ray's temp root (RAY_TMPDIR) is a fresh short directory, removed afterwards: `ray start`
+  records its cluster in TMP/ray/ray_current_cluster, and a stale record under /tmp
+  would make every later `ray.init()` on this machine try to join a dead cluster (in a
+  pod, /tmp is the pod's own emptyDir);
+- OTEL_EXPORTER_OTLP_ENDPOINT is dropped (no Jaeger here);
+- `python` and `ray` are this venv's (PATH), as they are the image's in a pod;
+- Ray stays on loopback (RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0, the rule on these
+  machines), so the node agent's Ray worker node is stood in for (below).
+
+The node agent's container script runs unchanged under bash, except for its
+`ray start --address ... --block` worker: with worker nodes allowed, Ray turns a
+127.0.0.1 node address into the machine's own network address, and a second Ray node on
+this host could not stay on loopback. A `ray` shim on PATH therefore replaces only that
+one command with a process that waits for SIGTERM; the agent joins the head's Ray node
+(same host, same 127.0.0.1) and pins its socket actors there. The script's start-up,
+signal handling and shutdown order are exercised as written.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from tests.k8s.conftest import Obj, env_of, find, is_rdurack, render
+
+pytestmark = pytest.mark.integration
+
+DEADLINE_S = 150.0
+SPEC_DIR = "/etc/rdurack"
+STATE_DIR = "/var/lib/rdurack/state"
+CHECKPOINTS = "/var/lib/rdurack/checkpoints"
+
+
+# `ray start` on a worker node (no --head) waits for SIGTERM; anything else is real Ray.
+RAY_SHIM = """#!/bin/bash
+if [ "$1" = start ] && [[ " $* " != *" --head "* ]]; then
+  echo "ray shim: standing in for: ray $*"
+  sleep infinity & trap 'kill $!; exit 0' TERM INT; wait $!
+  exit 0
+fi
+exec {ray} "$@"
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Localizer:
+    """Rewrites a pod's addresses, ports and paths for a process on this machine."""
+
+    def __init__(self, tmp: Path, ray_tmp: Path) -> None:
+        self.ray_tmp = ray_tmp
+        self.ports = {6379: free_port(), 50061: free_port(), 50051: free_port()}
+        self.paths = {
+            SPEC_DIR: tmp / "etc-rdurack",
+            STATE_DIR: tmp / "state",
+            CHECKPOINTS: tmp / "checkpoints",
+        }
+        self.shims = tmp / "bin"
+        self.shims.mkdir()
+        ray = self.shims / "ray"
+        ray.write_text(RAY_SHIM.format(ray=Path(sys.executable).parent / "ray"))
+        ray.chmod(0o755)
+
+    def text(self, value: str) -> str:
+        ray, agent, orch = self.ports[6379], self.ports[50061], self.ports[50051]
+        value = value.replace("rdurack-ray-head:6379", f"127.0.0.1:{ray}")
+        value = re.sub(
+            r"rdurack-node-agent-0\.rdurack-node-agent:50061", f"127.0.0.1:{agent}", value
+        )
+        value = value.replace("--port=6379", f"--port={ray}")
+        for pod_path, local in self.paths.items():
+            value = value.replace(pod_path, str(local))
+        return {"50061": str(agent), "50051": str(orch)}.get(value, value)
+
+    def env(self, container: Obj) -> dict[str, str]:
+        path = os.pathsep.join([str(self.shims), str(Path(sys.executable).parent)])
+        env = {**os.environ, "PATH": f"{path}{os.pathsep}{os.environ.get('PATH', '')}"}
+        env.pop("OTEL_EXPORTER_OTLP_ENDPOINT", None)
+        for name, item in env_of(container).items():
+            if name == "OTEL_EXPORTER_OTLP_ENDPOINT":
+                continue  # no collector here
+            if "value" in item:
+                env[name] = self.text(str(item["value"]))
+                continue
+            field = item["valueFrom"]["fieldRef"]["fieldPath"]
+            downward = {
+                "status.podIP": "127.0.0.1",
+                "metadata.labels['apps.kubernetes.io/pod-index']": "0",
+            }
+            assert field in downward, f"{container['name']}: no local stand-in for {field}"
+            env[name] = downward[field]
+        env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # loopback on this machine
+        env["RAY_TMPDIR"] = str(self.ray_tmp)
+        return env
+
+    def command(self, container: Obj, env: dict[str, str]) -> list[str]:
+        """The container's command and args, with Kubernetes' $(VAR) expansion."""
+        argv = [*container.get("command", []), *container.get("args", [])]
+        expand = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
+        return [self.text(expand.sub(lambda m: env.get(m[1], m[0]), a)) for a in argv]
+
+
+def wait_tcp(port: int, proc: subprocess.Popen[bytes], log: Path, deadline: float) -> None:
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, f"exited {proc.returncode}:\n{log.read_text()[-3000:]}"
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
+            return
+        time.sleep(0.2)
+    pytest.fail(f"port {port} never accepted a connection:\n{log.read_text()[-3000:]}")
+
+
+def wait_serving(port: int, proc: subprocess.Popen[bytes], log: Path, deadline: float) -> None:
+    """Ask grpc.health.v1 as the kubelet's gRPC probe does, until SERVING."""
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+        stub: Any = health_pb2_grpc.HealthStub(ch)
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, f"exited {proc.returncode}:\n{log.read_text()[-3000:]}"
+            with contextlib.suppress(grpc.RpcError):
+                reply = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=2)
+                if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            time.sleep(0.5)
+    pytest.fail(f"health on {port} never reported SERVING:\n{log.read_text()[-3000:]}")
+
+
+def stop(procs: list[subprocess.Popen[bytes]]) -> list[int | None]:
+    """SIGTERM, as the kubelet sends, to each process this test started (newest first)."""
+    for proc in reversed(procs):
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    codes: list[int | None] = []
+    for proc in reversed(procs):
+        try:
+            codes.append(proc.wait(timeout=40))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+            codes.append(None)
+    return codes
+
+
+@pytest.fixture
+def ray_tmp() -> Iterator[Path]:
+    # Short: Ray's unix sockets live under it, and socket paths are limited to 107 bytes.
+    path = Path(tempfile.mkdtemp(prefix="rdk8s-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_dev_overlay_containers_serve_as_local_processes(tmp_path: Path, ray_tmp: Path) -> None:
+    docs = render("dev")
+    local = Localizer(tmp_path, ray_tmp)
+    for path in local.paths.values():
+        path.mkdir()
+    spec = find(docs, "ConfigMap", "rdurack-spec")["data"]
+    for key, text in spec.items():  # the ConfigMap volume, as files
+        (local.paths[SPEC_DIR] / key).write_text(text)
+
+    def container(kind: str, name: str) -> Obj:
+        (c,) = find(docs, kind, name)["spec"]["template"]["spec"]["containers"]
+        assert is_rdurack(c)
+        found: Obj = c
+        return found
+
+    order = [
+        ("ray-head", container("Deployment", "rdurack-ray-head"), 6379, wait_tcp),
+        ("node-agent", container("StatefulSet", "rdurack-node-agent"), 50061, wait_serving),
+        ("orchestrator", container("Deployment", "rdurack-orchestrator"), 50051, wait_serving),
+    ]
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        deadline = time.monotonic() + DEADLINE_S
+        started = []
+        for name, c, pod_port, wait in order:
+            env = local.env(c)
+            log = tmp_path / f"{name}.log"
+            with log.open("wb") as out:
+                proc = subprocess.Popen(
+                    local.command(c, env),
+                    env=env,
+                    cwd=tmp_path,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                )
+            procs.append(proc)
+            started.append((local.ports[pod_port], proc, log, wait))
+            if name == "ray-head":  # the others need the GCS, as in the cluster
+                wait_tcp(local.ports[6379], proc, log, deadline)
+        for port, proc, log, wait in started[1:]:
+            wait(port, proc, log, deadline)
+        assert "node-agent 0 ready" in (tmp_path / "node-agent.log").read_text()
+        assert (local.paths[STATE_DIR] / "jobs.sqlite").exists()
+    finally:
+        codes = stop(procs)
+    # Each one stopped on SIGTERM, as a pod must on deletion; ours cleanly. (`ray start
+    # --block` exits 1 after draining on SIGTERM: Ray's choice, not an error here.)
+    orchestrator, agent, head = codes
+    assert (orchestrator, agent) == (0, 0), codes
+    assert head is not None, "the Ray head ignored SIGTERM"
+    assert (ray_tmp / "ray" / "ray_current_cluster").exists()  # it went there, not /tmp/ray
