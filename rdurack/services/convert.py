@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Protocol
+
 from rdurack.node_agent.agent import SocketHealth
 from rdurack.node_agent.socket import Run
 from rdurack.rack.errors import InvalidRequest
 from rdurack.rack.kernels import FusionPlan, Phase
-from rdurack.rack.memory import TierUsage
 from rdurack.rack.spec import Tier
 from rdurack.rack.topology import SocketId
 from rdurack.v1 import common_pb2, node_agent_pb2, rack_pb2
@@ -65,7 +66,22 @@ def socket_ref(socket_id: str) -> common_pb2.SocketRef:
     return common_pb2.SocketRef(node_index=s.node, socket_index=s.index, id=socket_id)
 
 
-def tier_usage(tier: str, usage: TierUsage) -> common_pb2.TierUsage:
+class Usage(Protocol):
+    """One tier's bytes: the agent's TierUsage and the orchestrator's TierView both are."""
+
+    @property
+    def used_bytes(self) -> int: ...
+    @property
+    def peak_bytes(self) -> int: ...
+    @property
+    def capacity_bytes(self) -> int: ...
+
+
+def health(healthy: bool) -> rack_pb2.SocketHealth.ValueType:
+    return rack_pb2.SOCKET_HEALTH_HEALTHY if healthy else rack_pb2.SOCKET_HEALTH_FAILED
+
+
+def tier_usage(tier: str, usage: Usage) -> common_pb2.TierUsage:
     return common_pb2.TierUsage(
         tier=TIERS[Tier(tier)],
         used_bytes=usage.used_bytes,
@@ -77,7 +93,7 @@ def tier_usage(tier: str, usage: TierUsage) -> common_pb2.TierUsage:
 def socket_status(h: SocketHealth) -> rack_pb2.SocketStatus:
     msg = rack_pb2.SocketStatus(
         ref=socket_ref(h.socket_id),
-        health=rack_pb2.SOCKET_HEALTH_HEALTHY if h.healthy else rack_pb2.SOCKET_HEALTH_FAILED,
+        health=health(h.healthy),
     )
     if h.state is not None:
         msg.current_job_id = h.state.job_id or ""

@@ -159,21 +159,11 @@ def node_to_proto(node: NodeView) -> rack_pb2.NodeStatus:
         sockets=[
             rack_pb2.SocketStatus(
                 ref=convert.socket_ref(s.socket_id),
-                health=rack_pb2.SOCKET_HEALTH_HEALTHY
-                if s.healthy
-                else rack_pb2.SOCKET_HEALTH_FAILED,
+                health=convert.health(s.healthy),
                 current_job_id=s.job_id,
                 emulated_clock_ns=s.clock_ns,
                 link_address=s.link_address,
-                tiers=[
-                    common_pb2.TierUsage(
-                        tier=common_pb2.Tier.Value(f"TIER_{name.upper()}"),
-                        used_bytes=t.used_bytes,
-                        peak_bytes=t.peak_bytes,
-                        capacity_bytes=t.capacity_bytes,
-                    )
-                    for name, t in s.tiers.items()
-                ],
+                tiers=[convert.tier_usage(name, t) for name, t in s.tiers.items()],
             )
             for s in node.sockets
         ],
