@@ -116,6 +116,15 @@ def wait_for(orch: Orchestrator, job_id: str, timeout_s: float = 10) -> JobState
     raise AssertionError(f"{job_id} still {orch.get(job_id).state}")
 
 
+def wait_active(orch: Orchestrator, count: int, timeout_s: float = 10) -> None:
+    """Until `count` jobs hold sockets (SCHEDULED or RUNNING): a loaded machine may take
+    a while to run the scheduling thread."""
+    deadline = time.monotonic() + timeout_s
+    while len(orch.jobs([JobState.SCHEDULED, JobState.RUNNING])) < count:
+        assert time.monotonic() < deadline, f"fewer than {count} jobs placed"
+        time.sleep(0.01)
+
+
 def test_a_job_runs_to_success_with_its_result(orch: Orchestrator, gateway: FakeGateway) -> None:
     job, created = orch.submit(spec(steps=20))
     assert created and job.state is JobState.PENDING
@@ -170,7 +179,8 @@ def test_impossible_jobs_are_refused_before_they_are_stored(
 def test_gang_queueing_never_overcommits(orch: Orchestrator, gateway: FakeGateway) -> None:
     gateway.gate.clear()  # hold every run until all three are submitted
     jobs = [orch.submit(spec(sockets=8))[0] for _ in range(3)]
-    time.sleep(0.3)
+    wait_active(orch, 2)
+    time.sleep(0.1)  # a further round must not place the third
     states = [orch.get(j.id).state for j in jobs]
     assert states.count(JobState.PENDING) == 1  # the rack holds two 8-socket jobs
     gateway.gate.set()
@@ -182,7 +192,7 @@ def test_cancel_pending_and_finished(orch: Orchestrator, gateway: FakeGateway) -
     gateway.gate.clear()
     running = [orch.submit(spec(sockets=8))[0] for _ in range(2)]
     queued, _ = orch.submit(spec(sockets=8))
-    time.sleep(0.2)
+    wait_active(orch, 2)
     assert orch.cancel(queued.id).state is JobState.CANCELLED
     cancelled_running = orch.cancel(running[0].id)
     assert cancelled_running.state is JobState.CANCELLED
