@@ -621,16 +621,17 @@ def test_three_8_socket_jobs_share_the_rack_two_at_a_time(control: Control) -> N
     for i in ids:
         assert len(nodes_of(jobs[i])) == 1 and len(jobs[i].sockets) == 8
         assert sum(e.HasField("result") for e in events[i]) == 1
-    # The last to start reused the sockets of one that finished, and started at that
-    # job's emulated end or later (clocks meet at a job's start).
-    last = max(ids, key=lambda i: spans[i][0])
-    before = [
-        j
-        for j in ids
-        if j != last and {r.id for r in jobs[j].sockets} == {r.id for r in jobs[last].sockets}
+    # Three 8-socket jobs on two nodes: at least two ran on the same sockets (whether they
+    # queued or arrived after one another). Those ran one after the other, and the later
+    # started at the earlier's emulated end or later (clocks meet at a job's start).
+    sockets = {i: {r.id for r in jobs[i].sockets} for i in ids}
+    shared = [
+        (a, b) for a in ids for b in ids if spans[a][0] < spans[b][0] and sockets[a] == sockets[b]
     ]
-    assert before, "the third job ran on sockets no other job used"
-    assert jobs[last].emulated_start_ns >= max(jobs[j].emulated_end_ns for j in before)
+    assert shared, "three 8-socket jobs on 16 sockets, yet no two shared a node"
+    for a, b in shared:
+        assert spans[a][1] <= spans[b][0], (a, b, spans)
+        assert jobs[b].emulated_start_ns >= jobs[a].emulated_end_ns
 
 
 # ------------------------------------------------------------------ health and reflection
