@@ -1,0 +1,81 @@
+"""Datasets for functional training: scikit-learn's digits and synthetic Gaussian blobs.
+
+A `Dataset` is (x, y): x float32 (samples, features), y int64 class labels. Both
+loaders return a `Split` (train, test) that depends only on the seed, so every rank of
+a job, and every run with the same seed, sees the same split.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from rdurack.rack.errors import InvalidRequest
+from rdurack.workloads.training.arrays import TRAIN_DTYPE, Array
+
+
+class Dataset(NamedTuple):
+    """Inputs and labels, row-aligned."""
+
+    x: Array  # (samples, features), float32
+    y: Array  # (samples,), int64 class indices
+
+    @property
+    def features(self) -> int:
+        return int(self.x.shape[1])
+
+    @property
+    def classes(self) -> int:
+        """Classes present (labels are 0..classes-1)."""
+        return int(self.y.max()) + 1 if len(self.y) else 0
+
+    def subset(self, indices: Array) -> Dataset:
+        return Dataset(self.x[indices], self.y[indices])
+
+
+class Split(NamedTuple):
+    train: Dataset
+    test: Dataset
+
+
+def split(data: Dataset, test_fraction: float, seed: int) -> Split:
+    """A shuffled train/test split; `test_fraction` of the rows (at least one) are test."""
+    n = len(data.y)
+    if not 0 < test_fraction < 1:
+        raise InvalidRequest(f"test_fraction must be in (0, 1), got {test_fraction}")
+    n_test = max(1, round(n * test_fraction))
+    if n_test >= n:
+        raise InvalidRequest(f"{n} samples leave no training set at test_fraction {test_fraction}")
+    order = np.random.default_rng(seed).permutation(n)
+    return Split(data.subset(order[n_test:]), data.subset(order[:n_test]))
+
+
+def digits(seed: int = 0, test_fraction: float = 0.25) -> Split:
+    """scikit-learn's 1797 8×8 handwritten digits (64 features, 10 classes), pixels
+    scaled from 0..16 to [0, 1], split by `seed`."""
+    # Imported here: scikit-learn takes about a second to import, and only this needs it.
+    from sklearn.datasets import load_digits  # type: ignore[import-untyped]
+
+    raw = load_digits()
+    x = (np.asarray(raw.data, dtype=np.float64) / 16.0).astype(TRAIN_DTYPE)
+    y = np.asarray(raw.target, dtype=np.int64)
+    return split(Dataset(x, y), test_fraction, seed)
+
+
+def synthetic(
+    n: int, features: int, classes: int, seed: int = 0, test_fraction: float = 0.25
+) -> Split:
+    """`n` samples of `classes` Gaussian blobs in `features` dimensions: unit-variance
+    noise around class centres drawn N(0, 2²) per coordinate, so classes overlap a
+    little but are learnable. Labels are balanced (round robin), rows shuffled."""
+    if n < 2 or features < 1 or classes < 2:
+        raise InvalidRequest(
+            f"synthetic data needs n >= 2, features >= 1, classes >= 2; got {n}, {features}, "
+            f"{classes}"
+        )
+    rng = np.random.default_rng(seed)
+    centres = rng.normal(0.0, 2.0, size=(classes, features))
+    y = rng.permutation(np.arange(n, dtype=np.int64) % classes)
+    x = (centres[y] + rng.normal(0.0, 1.0, size=(n, features))).astype(TRAIN_DTYPE)
+    return split(Dataset(x, y), test_fraction, seed)

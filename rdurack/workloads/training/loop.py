@@ -1,0 +1,348 @@
+"""The reference training loop: what a torch DDP script does, rank by rank.
+
+`train(ctx, spec)` runs on every rank of a job. In order, as a user writes it:
+init_process_group; build the data and the model (each process initialises its own
+replica); optionally resume from the newest checkpoint with map_location set to the
+rank's own socket; wrap the model in DistributedDataParallel; per epoch,
+DistributedSampler.set_epoch and batches of global_batch / world_size samples;
+forward, backward (gradients averaged over ranks), optimizer step; a checkpoint by
+rank 0 every `checkpoint_every` steps; test accuracy on rank 0 at the end;
+destroy_process_group.
+
+Two of the article's mistakes can be switched on to see them diagnosed:
+`broadcast_parameters=False` (replicas start from their own random parameters and never
+agree) and `sampler="none"` (a loader without DistributedSampler: every rank walks the
+whole dataset in the same order, so the ranks process the same samples).
+
+`train_threaded(spec)` runs every rank on a thread of a `ThreadGroup`; the cluster runs
+`train` in each socket actor over its gRPC links instead.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from rdurack.rack.errors import InvalidRequest
+from rdurack.rack.topology import SocketId
+from rdurack.workloads.training.arrays import Array, Params, copy_params
+from rdurack.workloads.training.backend import Backend, ThreadGroup
+from rdurack.workloads.training.checkpoint import TrainingState, latest, load, save
+from rdurack.workloads.training.data import Dataset, Split, digits, synthetic
+from rdurack.workloads.training.ddp import DEFAULT_BUCKET_CAP_BYTES, DistributedDataParallel
+from rdurack.workloads.training.diagnostics import DUPLICATE_SAMPLES, Diagnostic
+from rdurack.workloads.training.distributed import (
+    DEFAULT_TIMEOUT_S,
+    MAX_WORLD_SIZE,
+    Distributed,
+)
+from rdurack.workloads.training.models import Model, build_model
+from rdurack.workloads.training.optim import SGD, Adam, Optimizer
+from rdurack.workloads.training.sampler import DistributedSampler
+
+DIGITS_CLASSES = 10
+SOCKETS_PER_NODE = 8  # SN40L node: rank r runs on socket r % 8 of node r // 8
+
+
+class TrainSpec(BaseModel):
+    """One data-parallel training job."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    model: Literal["mlp", "transformer"] = "mlp"
+    hidden: int = Field(64, ge=1)  # MLP hidden width; the transformer's MLP width
+    dataset: Literal["digits", "synthetic"] = "digits"
+    synthetic_samples: int = Field(2000, ge=8)  # train + test, synthetic only
+    synthetic_features: int = Field(64, ge=1)  # a multiple of 8 for the transformer
+    synthetic_classes: int = Field(10, ge=2)
+    world_size: int = Field(ge=1, le=MAX_WORLD_SIZE)
+    global_batch: int = Field(ge=1)  # samples per step over all ranks
+    epochs: int | None = Field(None, ge=1)  # stop after this many epochs ...
+    steps: int | None = Field(None, ge=1)  # ... or optimizer steps, whichever comes first
+    optimizer: Literal["sgd", "adam"] = "sgd"
+    lr: float = Field(0.1, gt=0)
+    momentum: float = Field(0.9, ge=0, lt=1)  # SGD only
+    weight_decay: float = Field(0.0, ge=0)
+    seed: int = 0
+    input_noise: float = Field(0.0, ge=0)  # std of Gaussian input noise (augmentation)
+    checkpoint_every: int = Field(0, ge=0)  # steps between checkpoints; 0: none
+    resume: bool = False  # start from the newest checkpoint in the checkpoint directory
+    broadcast_parameters: bool = True  # False: the article's mistake, diagnosed
+    sampler: Literal["distributed", "none"] = "distributed"  # "none": the other one
+    check_every: int = Field(0, ge=0)  # steps between replica checks; 0: construction only
+    bucket_cap_bytes: int = Field(DEFAULT_BUCKET_CAP_BYTES, ge=1)
+    timeout_s: float = Field(DEFAULT_TIMEOUT_S, gt=0)  # per collective, wall seconds
+
+    @model_validator(mode="after")
+    def _consistent(self) -> TrainSpec:
+        if self.global_batch % self.world_size:
+            raise ValueError(
+                f"global_batch {self.global_batch} is not divisible by world_size "
+                f"{self.world_size}: every rank takes global_batch / world_size samples "
+                "per step (equal shards are what makes DDP equal one process)"
+            )
+        if self.epochs is None and self.steps is None:
+            raise ValueError("set epochs or steps (or both: the first reached stops)")
+        return self
+
+    @property
+    def local_batch(self) -> int:
+        return self.global_batch // self.world_size
+
+
+@dataclass(frozen=True, slots=True)
+class RankContext:
+    """What the launcher gives one rank (torch: the RANK environment, the device)."""
+
+    transport: Backend  # this process's end of the process group
+    rank: int  # the rank this process was told it has
+    device: str  # its socket, rdu-n<node>-s<index>
+    checkpoint_dir: Path | None = None  # where rank 0 writes and every rank resumes from
+
+
+@dataclass(slots=True)
+class RankResult:
+    """What one rank reports after training."""
+
+    rank: int
+    device: str
+    losses: list[float]  # this rank's local batch loss, per step run here
+    final_loss: float | None
+    test_accuracy: float | None  # rank 0 only
+    diagnostics: list[Diagnostic]
+    samples_seen: int  # training samples this rank processed (repeats included)
+    start_step: int  # step it started at (> 0 when resumed)
+    steps: int  # optimizer steps done at the end (global count)
+    epochs: int  # epochs entered, including a resumed one
+    bucket_bytes: list[int]  # DDP buckets, all-reduce order
+    checkpoints: list[str] = field(default_factory=list)  # files this rank wrote
+    params: Params = field(default_factory=dict)  # final parameters (a copy)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able, without the parameters."""
+        return {
+            "rank": self.rank,
+            "device": self.device,
+            "losses": self.losses,
+            "final_loss": self.final_loss,
+            "test_accuracy": self.test_accuracy,
+            "diagnostics": [d.to_dict() for d in self.diagnostics],
+            "samples_seen": self.samples_seen,
+            "start_step": self.start_step,
+            "steps": self.steps,
+            "epochs": self.epochs,
+            "bucket_bytes": self.bucket_bytes,
+            "checkpoints": self.checkpoints,
+        }
+
+
+def load_data(spec: TrainSpec) -> tuple[Split, int]:
+    """The spec's train/test split and its number of classes."""
+    if spec.dataset == "digits":
+        return digits(seed=spec.seed), DIGITS_CLASSES
+    data = synthetic(
+        spec.synthetic_samples, spec.synthetic_features, spec.synthetic_classes, seed=spec.seed
+    )
+    return data, spec.synthetic_classes
+
+
+def make_optimizer(spec: TrainSpec, params: Params) -> Optimizer:
+    if spec.optimizer == "sgd":
+        return SGD(params, lr=spec.lr, momentum=spec.momentum, weight_decay=spec.weight_decay)
+    return Adam(params, lr=spec.lr, weight_decay=spec.weight_decay)
+
+
+def accuracy(model: Model, data: Dataset) -> float:
+    """Share of `data` whose highest logit is the label."""
+    predicted = model.logits(data.x).argmax(axis=1)
+    return float(np.mean(predicted == data.y))
+
+
+def train(ctx: RankContext, spec: TrainSpec) -> RankResult:
+    """Train on this rank; every rank of the group calls it with the same spec."""
+    dist = Distributed(ctx.transport)
+    dist.init_process_group(
+        "rdulink",
+        world_size=spec.world_size,
+        rank=ctx.rank,
+        timeout=timedelta(seconds=spec.timeout_s),
+    )
+    try:
+        return _train(dist, ctx, spec)
+    finally:
+        dist.destroy_process_group()
+
+
+def _train(dist: Distributed, ctx: RankContext, spec: TrainSpec) -> RankResult:
+    rank, world = dist.get_rank(), dist.get_world_size()
+    (train_set, test_set), classes = load_data(spec)
+    # Each process initialises its own replica, seeded by rank as independent processes
+    # effectively are: only DDP's broadcast from rank 0 makes them agree.
+    model = build_model(spec.model, train_set.features, classes, spec.seed + rank, spec.hidden)
+    optimizer = make_optimizer(spec, model.params)
+    # The augmentation RNG is the same stream on every rank (so rank 0's checkpointed
+    # state restores every rank); each rank uses its own rows of the global batch's noise.
+    rng = np.random.default_rng([spec.seed, 1])
+    step = 0
+    if spec.resume and ctx.checkpoint_dir is not None:
+        path = latest(ctx.checkpoint_dir)
+        if path is not None:
+            state = load(path, device=ctx.device, map_location=ctx.device)
+            _restore(model.params, state.params, path)
+            optimizer.load_state_dict(state.optimizer)
+            if state.rng is not None:
+                rng.bit_generator.state = state.rng
+            step = state.step
+    start_step = step
+
+    ddp = DistributedDataParallel(
+        model,
+        dist,
+        bucket_cap_bytes=spec.bucket_cap_bytes,
+        broadcast_parameters=spec.broadcast_parameters,
+        check_every=spec.check_every,
+    )
+    n = len(train_set.y)
+    sampler = (
+        DistributedSampler(n, world, rank, shuffle=True, seed=spec.seed)
+        if spec.sampler == "distributed"
+        else None
+    )
+    per_epoch = (len(sampler) if sampler is not None else n) // spec.local_batch
+    if per_epoch == 0:
+        raise InvalidRequest(
+            f"a rank's share of the {n} training samples does not fill one batch of "
+            f"{spec.local_batch} (global_batch {spec.global_batch} / world_size {world})"
+        )
+    total = min(
+        spec.steps if spec.steps is not None else math.inf,
+        spec.epochs * per_epoch if spec.epochs is not None else math.inf,
+    )
+    losses: list[float] = []
+    diagnostics: list[Diagnostic] = []
+    written: list[str] = []
+    samples = 0
+    epoch = step // per_epoch
+    epochs_entered = 0
+    while step < total:
+        if sampler is not None:
+            sampler.set_epoch(epoch)  # forget it and every epoch repeats one order
+            order = sampler.indices()
+        else:
+            # DataLoader(shuffle=True) seeded alike on every rank, as scripts seed
+            # everything: every rank walks the same samples in the same order.
+            order = np.random.default_rng(spec.seed + epoch).permutation(n)
+        order = order[: per_epoch * spec.local_batch]  # drop_last: equal-sized batches
+        found = _duplicates(dist, order, n, epoch, step)
+        if found is not None and not any(d.code == DUPLICATE_SAMPLES for d in diagnostics):
+            diagnostics.append(found)
+        epochs_entered += 1
+        for b in range(step - epoch * per_epoch, per_epoch):
+            if step >= total:
+                break
+            idx = order[b * spec.local_batch : (b + 1) * spec.local_batch]
+            x, y = train_set.x[idx], train_set.y[idx]
+            if spec.input_noise:
+                noise = rng.standard_normal((spec.global_batch, x.shape[1]), dtype=np.float32)
+                # Rank r's row k is row r + k * world of the global batch.
+                x = x + noise[rank::world] * float(spec.input_noise)
+            losses.append(ddp.forward(x, y))
+            ddp.backward()
+            optimizer.step(model.grads)
+            samples += len(idx)
+            step += 1
+            if spec.checkpoint_every and step % spec.checkpoint_every == 0:
+                if ctx.checkpoint_dir is not None and dist.get_rank() == 0:
+                    state = TrainingState(
+                        params=model.params,
+                        optimizer=optimizer.state_dict(),
+                        step=step,
+                        epoch=epoch,
+                        rng=dict(rng.bit_generator.state),
+                        device=ctx.device,
+                        extra={"world_size": world, "global_batch": spec.global_batch},
+                    )
+                    path = save(ctx.checkpoint_dir, state, rank=rank)
+                    if path is not None:
+                        written.append(str(path))
+                dist.barrier()  # as torch's tutorial: nobody reads a half-written file
+        epoch += 1
+    diagnostics = ddp.diagnostics + diagnostics
+    test_acc = accuracy(model, test_set) if rank == 0 else None
+    dist.barrier()
+    return RankResult(
+        rank=rank,
+        device=ctx.device,
+        losses=losses,
+        final_loss=losses[-1] if losses else None,
+        test_accuracy=test_acc,
+        diagnostics=diagnostics,
+        samples_seen=samples,
+        start_step=start_step,
+        steps=step,
+        epochs=epochs_entered,
+        bucket_bytes=ddp.bucket_bytes,
+        checkpoints=written,
+        params=copy_params(model.params),
+    )
+
+
+def _restore(params: Params, saved: Params, path: Path) -> None:
+    """Copy checkpointed parameters into the model's arrays (torch's load_state_dict)."""
+    if set(saved) != set(params):
+        raise InvalidRequest(
+            f"{path.name} holds parameters {sorted(saved)}, the model {sorted(params)}"
+        )
+    for name, p in params.items():
+        if saved[name].shape != p.shape:
+            raise InvalidRequest(
+                f"{path.name}: {name} has shape {saved[name].shape}, the model {p.shape}"
+            )
+        p[...] = saved[name]
+
+
+def _duplicates(
+    dist: Distributed, order: Array, n: int, epoch: int, step: int
+) -> Diagnostic | None:
+    """All ranks compare this epoch's sample indices (one all-gather): more repeats
+    than DistributedSampler's padding (< world_size) mean ranks share samples."""
+    world = dist.get_world_size()
+    gathered = [np.empty_like(order) for _ in range(world)]
+    dist.all_gather(gathered, order)
+    everything = np.concatenate(gathered)
+    distinct = len(np.unique(everything))
+    repeats = len(everything) - distinct
+    if repeats < world:
+        return None
+    return Diagnostic(
+        DUPLICATE_SAMPLES,
+        f"ranks processed duplicate samples: {repeats} of the {len(everything)} samples "
+        f"of epoch {epoch} were also processed by another rank ({distinct} distinct of "
+        f"{n}); the data loader has no DistributedSampler, so every rank walks the whole "
+        "dataset",
+        step,
+        {"epoch": epoch, "repeats": repeats, "samples": len(everything), "distinct": distinct},
+    )
+
+
+def device_of(rank: int) -> str:
+    """The socket rank `rank` runs on when ranks fill a rack node by node."""
+    return str(SocketId(rank // SOCKETS_PER_NODE, rank % SOCKETS_PER_NODE))
+
+
+def train_threaded(
+    spec: TrainSpec, checkpoint_dir: Path | None = None, timeout_s: float | None = None
+) -> list[RankResult]:
+    """Run `train` on every rank of an in-process ThreadGroup; results by rank."""
+    group = ThreadGroup(spec.world_size, timeout_s or spec.timeout_s)
+    return group.run(
+        lambda backend: train(
+            RankContext(backend, backend.rank, device_of(backend.rank), checkpoint_dir), spec
+        )
+    )

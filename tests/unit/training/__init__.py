@@ -1,0 +1,1 @@
+"""Unit tests of the pure data-parallel training core (rdurack/workloads/training)."""
