@@ -31,6 +31,7 @@ from rdurack.rack.spec import PlatformSpec
 from rdurack.rack.topology import SocketId
 from rdurack.telemetry import names
 from rdurack.telemetry.propagation import inject
+from rdurack.workloads.program import Op, ProgramRun
 
 
 @dataclass(frozen=True)
@@ -210,6 +211,34 @@ class NodeAgent:
                 for sid in local
             ]
             return self._get(refs, f"collective {tag!r}")
+
+    def run_program(
+        self,
+        job_id: str,
+        socket_ids: Sequence[str],
+        ops: Sequence[Op],
+        start_ns: int | None = None,
+    ) -> list[ProgramRun]:
+        """Run a program on a TP group of this node's sockets (`socket_ids`, rank order),
+        all at once: in functional mode they meet at all-reduces over their links."""
+        if not socket_ids:
+            raise InvalidRequest("socket_ids: a program needs at least one socket")
+        group = list(socket_ids)
+        with self._tracer.start_as_current_span(
+            names.SPAN_NODE_PROGRAM,
+            attributes={
+                names.ATTR_JOB_ID: job_id,
+                names.ATTR_NODE: self.node_index,
+                names.ATTR_SOCKETS: group,
+                names.ATTR_STEPS: len(ops),
+            },
+        ):
+            carrier = inject()
+            refs = [
+                self._actor(sid).run_program.remote(job_id, list(ops), group, start_ns, carrier)
+                for sid in group
+            ]
+            return self._get(refs, f"program of job {job_id}")
 
     # ------------------------------------------------------------------ tensors (functional)
 

@@ -38,12 +38,15 @@ from rdurack.rack.collectives import Send as ScheduledSend
 from rdurack.rack.errors import InvalidRequest, LinkFailure, SocketBusy, UnknownName
 from rdurack.rack.kernels import FusionPlan, Phase
 from rdurack.rack.memory import TieredMemory, TierUsage
-from rdurack.rack.models import ModelSpec
+from rdurack.rack.models import ModelSpec, builtin_models
 from rdurack.rack.spec import PlatformSpec, Tier
 from rdurack.rack.topology import SocketId, Topology
 from rdurack.telemetry import names
 from rdurack.telemetry.propagation import extract
+from rdurack.workloads.bundle import BundleShare, ProgramRunner
 from rdurack.workloads.predictor import Predictor
+from rdurack.workloads.program import Deploy, Generate, Kernel, Op, OpRun, ProgramRun, Switch
+from rdurack.workloads.tiny_lm import TinyLM, TinyLMConfig, TinyLMShard, generate
 
 COLLECTIVE_OPS = ("all_reduce", "broadcast", "all_gather", "barrier", "send")
 
@@ -112,6 +115,12 @@ class Socket:
         self._tracer = trace.get_tracer(names.TRACER_SOCKET, tracer_provider=tracer_provider)
         # Hardware spans: (wall ns at reserve, emulated ns of the job's first operation).
         self._trace_anchor: tuple[int, int | None] = (time.time_ns(), None)
+        self._models = builtin_models()
+        # The running job's program state: its bundle share, and in functional mode the
+        # shards of the tiny experts it generated with.
+        self._program: ProgramRunner | None = None
+        self._shards: dict[str, TinyLMShard] = {}
+        self._collectives = 0  # functional generate: all-reduces so far (their tags)
 
     # ------------------------------------------------------------------ identity, links
 
@@ -125,7 +134,9 @@ class Socket:
         self._endpoint.connect({p: a for p, a in peers.items() if p != self.name})
 
     def state(self) -> SocketState:
-        snap = self.memory.snapshot()
+        # A job that loaded another platform's spec (a DGX) shows that memory.
+        memory = self._program.memory if self._program is not None else self.memory
+        snap = memory.snapshot()
         return SocketState(
             socket_id=self.name,
             job_id=self.job,
@@ -159,6 +170,9 @@ class Socket:
                 self.memory.free(alloc.name)
         self.tensors = {k: v for k, v in self.tensors.items() if not k.startswith(prefix)}
         self.job = None
+        self._program = None
+        self._shards = {}
+        self._collectives = 0
         return True
 
     def _hold(self, job_id: str) -> None:
@@ -258,12 +272,93 @@ class Socket:
         )
         return run
 
+    # ------------------------------------------------------------------ programs
+
+    def run_program(
+        self,
+        job_id: str,
+        ops: list[Op],
+        group: list[str],
+        start_ns: int | None = None,
+        carrier: dict[str, str] | None = None,
+    ) -> ProgramRun:
+        """Run a program (workloads/program.py) as this socket's rank of the TP `group`
+        (socket ids, rank order, all on this node): deploy a bundle, switch experts,
+        run kernels, generate tokens. Each op is a span on the emulated timeline."""
+        self._hold(job_id)
+        if self.name not in group:
+            raise InvalidRequest(f"{self.name} is not in the group {group}")
+        if self._program is None:
+            self._program = ProgramRunner(
+                self.name,
+                self.platform,
+                self.memory,
+                self.clock,
+                len(group),
+                self._models,
+                prefix=f"{job_id}/",
+                generate=lambda op, share: self._generate(job_id, group, op, share),
+            )
+        elif self._program.group != len(group):
+            raise InvalidRequest(
+                f"{self.name}: job {job_id} runs with a TP group of {self._program.group}, "
+                f"not {len(group)}"
+            )
+
+        def observe(op: Op, run: OpRun) -> None:
+            name, attributes = _op_span(op, run)
+            self._span(name, carrier, job_id, run, attributes)
+
+        program = self._program.run(ops, start_ns, self.slowdown, observe)
+        self._pace()
+        return program
+
+    def _generate(
+        self, job_id: str, group: list[str], op: Generate, share: BundleShare
+    ) -> tuple[int, ...]:
+        """Greedy generation by a tiny expert, this socket's TP shard, with real ring
+        all-reduces over the links. Their transfers run on a scratch clock and links:
+        the Kernel ops beside this one carry the emulated time (as in timing mode)."""
+        if op.expert not in self._shards:
+            experts = share.op.experts
+            if op.expert not in experts or len(share.op.expert_seeds) != len(experts):
+                raise InvalidRequest(
+                    f"generate: expert {op.expert!r} has no functional weights in this bundle"
+                )
+            seed = share.op.expert_seeds[experts.index(op.expert)]
+            model = TinyLM(TinyLMConfig(), seed)
+            self._shards[op.expert] = model.shard(group.index(self.name), len(group))
+        members = [SocketId.parse(g) for g in group]
+        clock, links = self.clock, self._links
+        self.clock, self._links = EmulatedClock(clock.now_ns), Links(self.topology)
+
+        def all_reduce(partial: np.ndarray) -> np.ndarray:
+            # Ring: every rank gets bitwise the same sum, so their argmaxes agree.
+            buffer = np.array(partial, dtype=np.float64, copy=True).reshape(-1)
+            schedule = all_reduce_schedule(
+                self.topology, members, buffer.size, buffer.itemsize, Algorithm.RING
+            )
+            self._collectives += 1
+            tag = f"{job_id}/generate/{self._collectives}"
+            try:
+                self._execute(tag, schedule, buffer, members, "all_reduce")
+            except LinkFailure:
+                self._endpoint.mailbox.discard(tag)
+                raise
+            return buffer.reshape(partial.shape)
+
+        try:
+            tokens = generate(self._shards[op.expert], op.prompt, op.max_new_tokens, all_reduce)
+        finally:
+            self.clock, self._links = clock, links
+        return tuple(tokens)
+
     def _span(
         self,
         name: str,
         carrier: dict[str, str] | None,
         job_id: str,
-        run: Run,
+        run: Run | OpRun,
         attributes: dict[str, AttributeValue],
     ) -> None:
         """Record `run` as a span on the emulated timeline: wall time at reserve plus the
@@ -517,3 +612,37 @@ def _chunk(buffer: np.ndarray, send: ScheduledSend) -> np.ndarray:
     sizes = split(buffer.size, send.parts)
     lo = sum(sizes[: send.chunk])
     return buffer[lo : lo + sizes[send.chunk]]
+
+
+def _op_span(op: Op, run: OpRun) -> tuple[str, dict[str, AttributeValue]]:
+    """A program op's span name and attributes."""
+    if isinstance(op, Kernel):
+        return names.SPAN_KERNEL, {
+            names.ATTR_KERNEL_ROLE: op.role,
+            names.ATTR_JOB_MODEL: op.model,
+            names.ATTR_JOB_PHASE: op.phase.value,
+            names.ATTR_FUSION_PLAN: op.plan.value,
+            names.ATTR_STEPS: op.steps,
+            names.ATTR_BATCH: op.batch,
+            names.ATTR_KERNEL_CALLS: run.kernel_calls,
+            names.ATTR_HBM_BYTES: run.hbm_bytes,
+        }
+    if isinstance(op, Switch):
+        return names.SPAN_EXPERT_SWITCH, {
+            names.ATTR_EXPERT: op.expert,
+            names.ATTR_SWITCH_HIT: bool(run.hit),
+            names.ATTR_BYTES: run.loaded_bytes,
+            names.ATTR_TIER: "ddr->hbm",
+            names.ATTR_EVICTED: list(run.evicted),
+        }
+    if isinstance(op, Deploy):
+        return names.SPAN_DEPLOY, {
+            names.ATTR_JOB_MODEL: op.expert_model,
+            names.ATTR_EXPERTS: len(op.experts),
+            names.ATTR_PLATFORM: op.platform,
+            names.ATTR_BYTES: run.loaded_bytes,
+        }
+    return names.SPAN_GENERATE, {
+        names.ATTR_EXPERT: op.expert,
+        names.ATTR_TOKENS: len(run.tokens),
+    }

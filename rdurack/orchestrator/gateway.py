@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from rdurack.orchestrator.jobs import KernelWorkload
+from rdurack.workloads.program import Op, ProgramRun
 
 
 @dataclass(frozen=True)
@@ -72,4 +73,11 @@ class NodeGateway(Protocol):
     ) -> list[KernelRun]:
         """This node's share of a kernel job: `steps` steps on `sockets` (the TP group
         is the job's `workload.num_sockets` sockets), starting at `start_ns`."""
+        ...
+
+    def run_program(
+        self, node: int, job_id: str, sockets: Sequence[str], ops: Sequence[Op], start_ns: int
+    ) -> list[ProgramRun]:
+        """Run a program on a TP group of one node (`sockets`, rank order) from
+        `start_ns`; one ProgramRun per socket, in `sockets` order."""
         ...

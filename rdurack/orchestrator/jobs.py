@@ -23,6 +23,7 @@ from pydantic import Field
 from rdurack.rack.errors import InvalidRequest, RdurackError
 from rdurack.rack.kernels import FusionPlan, Phase
 from rdurack.rack.spec import Config
+from rdurack.workloads.coe_spec import CoeWorkload
 
 
 class JobState(StrEnum):
@@ -84,8 +85,8 @@ class KernelWorkload(Config):
     output_tokens: int = Field(default=1, gt=0, le=1 << 20)  # decode: tokens generated
 
 
-# CoE inference and DDP training add their workload kinds to this union.
-Workload = Annotated[KernelWorkload, Field(discriminator="kind")]
+# The kinds are the proto's JobSpec oneof names; DDP training adds its kind here.
+Workload = Annotated[KernelWorkload | CoeWorkload, Field(discriminator="kind")]
 
 
 class JobSpec(Config):

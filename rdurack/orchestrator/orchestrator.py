@@ -26,6 +26,7 @@ from typing import Any, Literal
 
 from opentelemetry import trace
 
+from rdurack.orchestrator.coe_job import GatewayReplicas, coe_platform, replica_groups, validate_coe
 from rdurack.orchestrator.gateway import KernelRun, NodeGateway, NodeView
 from rdurack.orchestrator.jobs import IllegalTransition, Job, JobSpec, JobState, KernelWorkload
 from rdurack.orchestrator.scheduler import Scheduler
@@ -36,7 +37,10 @@ from rdurack.rack.models import builtin_models
 from rdurack.rack.spec import PlatformSpec
 from rdurack.rack.topology import SocketId, Topology
 from rdurack.telemetry import names
+from rdurack.workloads.coe import CoeEngine, CoeOutOfMemory
+from rdurack.workloads.coe_spec import CoeWorkload, build_requests
 from rdurack.workloads.predictor import Predictor
+from rdurack.workloads.router import Router
 
 log = logging.getLogger(__name__)
 ACTIVE = (JobState.SCHEDULED, JobState.RUNNING)
@@ -99,6 +103,13 @@ class Orchestrator:
     def validate(self, spec: JobSpec) -> None:
         """Refuse, before storing, what could never run: the wrong platform, an unknown
         model, an impossible socket count, a model that does not fit its sockets."""
+        w = spec.workload
+        if isinstance(w, CoeWorkload):
+            validate_coe(
+                w, self.platform, spec.platform, spec.payload_mode == "functional", self.models
+            )
+            self.scheduler.check(spec)
+            return
         if spec.platform != self.platform.name:
             raise InvalidRequest(
                 f"spec.platform: this rack is {self.platform.name!r}, not {spec.platform!r}"
@@ -108,7 +119,6 @@ class Orchestrator:
                 "spec.payload_mode: FUNCTIONAL kernel jobs need models with real weights; "
                 "the presets have none: use TIMING"
             )
-        w = spec.workload
         if w.model not in self.models:
             accepted = ", ".join(sorted(self.models))
             raise InvalidRequest(
@@ -270,15 +280,19 @@ class Orchestrator:
         nodes = self._by_node(job.sockets)
         w = job.spec.workload
         links = [trace.Link(placed_by)] if placed_by is not None and placed_by.is_valid else []
+        what = (
+            {names.ATTR_JOB_MODEL: w.expert_model, names.ATTR_PLATFORM: job.spec.platform}
+            if isinstance(w, CoeWorkload)
+            else {names.ATTR_JOB_MODEL: w.model, names.ATTR_JOB_PHASE: w.phase.value}
+        )
         span = self._tracer.start_span(
             names.SPAN_JOB,
             links=links,
             attributes={
                 names.ATTR_JOB_ID: job_id,
                 names.ATTR_JOB_SOCKETS: list(job.sockets),
-                names.ATTR_JOB_MODEL: w.model,
-                names.ATTR_JOB_PHASE: w.phase.value,
                 names.ATTR_JOB_ATTEMPT: job.attempts + 1,
+                **what,
             },
         )
         with trace.use_span(span, end_on_exit=True):
@@ -305,14 +319,23 @@ class Orchestrator:
             self._notify()
             self._kick()
 
-    def _execute(self, job: Job, nodes: dict[int, list[str]]) -> None:
+    def _start(self, job: Job) -> tuple[Job, int]:
+        """Move the job to RUNNING at the latest clock of its sockets (clocks meet)."""
         clocks = {s.socket_id: s.clock_ns for n in self.gateway.nodes() for s in n.sockets}
         start = max(clocks.get(s, 0) for s in job.sockets)
         job = self.store.transition(
             job.id, JobState.RUNNING, attempts=job.attempts + 1, emulated_start_ns=start
         )
         self._notify()
+        return job, start
+
+    def _execute(self, job: Job, nodes: dict[int, list[str]]) -> None:
+        if isinstance(job.spec.workload, CoeWorkload):
+            self._execute_coe(job, job.spec.workload)
+            return
+        job, start = self._start(job)
         w = job.spec.workload
+        assert isinstance(w, KernelWorkload)
         total = w.output_tokens if w.phase is Phase.DECODE else 1
         chunks = _split(total, min(self.progress_chunks, total))
         now, done, calls, hbm_bytes = start, 0, 0, 0
@@ -338,6 +361,57 @@ class Orchestrator:
         # The result event first: a watcher stops once the job is finished.
         self.store.add_event(job.id, "result", result)
         self.store.transition(job.id, JobState.SUCCEEDED, result=result, emulated_end_ns=now)
+
+    def _execute_coe(self, job: Job, w: CoeWorkload) -> None:
+        job, start = self._start(job)
+        platform = coe_platform(self.platform, job.spec.platform)
+        replicas = replica_groups(job.sockets, w.tensor_parallel or platform.node.sockets)
+        router = Router.for_catalog(w.num_experts)
+        requests = build_requests(w, router)
+        marks = {
+            round(len(requests) * k / self.progress_chunks)
+            for k in range(1, self.progress_chunks + 1)
+        }
+
+        def progress(done: int, total: int, emulated_ns: int) -> None:
+            if job.id in self._cancelled:
+                raise _Cancelled
+            if done in marks or done == total:
+                self.store.add_event(
+                    job.id,
+                    "progress",
+                    {
+                        "fraction": done / total,
+                        "message": f"{done} of {total} requests",
+                        "emulated_ns": start + emulated_ns,
+                    },
+                )
+                self._notify()
+
+        engine = CoeEngine(
+            w,
+            platform,
+            self.models,
+            router.names,
+            GatewayReplicas(self.gateway, job.id, replicas),
+            range(len(replicas)),
+            functional=job.spec.payload_mode == "functional",
+            start_ns=start,
+            progress=progress,
+        )
+        try:
+            report = engine.run(requests)
+        except _Cancelled:
+            return
+        except CoeOutOfMemory as e:
+            result = {"kind": "coe_inference", **e.report.to_dict()}
+            self.store.add_event(job.id, "result", result)
+            self.store.transition(job.id, JobState.FAILED, error=e.report.oom_reason, result=result)
+            return
+        result = {"kind": "coe_inference", **report.to_dict()}
+        self.store.add_event(job.id, "result", result)
+        end = start + round(report.emulated_s * 1e9)
+        self.store.transition(job.id, JobState.SUCCEEDED, result=result, emulated_end_ns=end)
 
     def _run_on_nodes(
         self, job_id: str, nodes: dict[int, list[str]], w: KernelWorkload, steps: int, start: int
@@ -386,6 +460,10 @@ class Orchestrator:
                 self.store.transition(job_id, JobState.FAILED, error=error)
         except IllegalTransition:
             pass  # cancelled meanwhile
+
+
+class _Cancelled(Exception):
+    """Raised from a CoE job's progress hook to stop serving a cancelled job."""
 
 
 def _split(total: int, parts: int) -> list[int]:

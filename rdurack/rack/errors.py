@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 
 class RdurackError(Exception):
     """Base of every error rdurack raises on purpose (never a bare traceback)."""
@@ -25,6 +27,23 @@ class OutOfMemory(RdurackError):
     def __reduce__(self) -> tuple[type, tuple[str, str, int, int, str]]:
         # Errors cross process boundaries (Ray actors): rebuild from the fields.
         return (type(self), (self.socket, self.tier, self.asked_bytes, self.free_bytes, self.what))
+
+    @classmethod
+    def from_message(cls, message: str) -> OutOfMemory | None:
+        """Rebuild one from its message (how it crosses gRPC, as status details);
+        None if `message` is not one."""
+        m = _OOM.fullmatch(message)
+        if m is None:
+            return None
+        asked, free = (int(m[k].replace(",", "")) for k in ("asked", "free"))
+        return cls(m["socket"], m["tier"].lower(), asked, free, m["what"] or "")
+
+
+_OOM = re.compile(
+    r"(?P<socket>.+?): (?P<tier>[A-Z]+) cannot hold (?P<asked>[\d,]+) bytes"
+    r"(?: for (?P<what>.*))?: (?P<free>[\d,]+) bytes free",
+    re.DOTALL,
+)
 
 
 class UnknownName(RdurackError, KeyError):
@@ -65,3 +84,8 @@ class SocketBusy(RdurackError):
 
 class LinkFailure(RdurackError):
     """A link is down, a peer does not answer, or an expected message never came."""
+
+
+class OneProcessPerSocket(RdurackError):
+    """A spec that would run two processes (TP or DDP ranks) on one socket. Refused
+    before it runs: an RDU serves one process at a time."""

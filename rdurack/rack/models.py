@@ -106,7 +106,7 @@ def _m(
 
 
 def builtin_models() -> dict[str, ModelSpec]:
-    """The presets, by name: PAPER Table III's models, plus Llama 3.1 (KL)."""
+    """The presets, by name: PAPER Table III's models, Llama 3.1 (KL) and tiny-lm."""
     models = [
         _m("llama2-7b", 32, 4096, 32, 32, 11008, 32000),
         _m("llama2-13b", 40, 5120, 40, 40, 13824, 32000),
@@ -118,6 +118,22 @@ def builtin_models() -> dict[str, ModelSpec]:
         _m("llama3.1-70b", 80, 8192, 64, 8, 28672, 128256),
         _m("llama3.1-405b", 126, 16384, 128, 8, 53248, 128256),
     ]
+    # rdurack's own functional-mode expert: the shapes of workloads/tiny_lm.py's default
+    # TinyLMConfig, float64 weights (a test keeps the two equal).
+    models.append(
+        ModelSpec(
+            name="tiny-lm",
+            layers=2,
+            hidden=64,
+            heads=8,
+            kv_heads=8,
+            ffn=256,
+            vocab=256,
+            bytes_per_param=8,
+            mlp="plain",
+            source="rdurack workloads/tiny_lm.py: a tiny real model for functional runs",
+        )
+    )
     return {m.name: m for m in models}
 
 

@@ -5,6 +5,8 @@ agents x 8 sockets, the orchestrator, each its own process), then gRPC clients.
 - "jobs scheduled per second": a batch of small jobs (1-socket llama2-7b prefill of 128
   tokens) is submitted; the figure is the batch size over the wall time from the first
   submission until no job of the batch is PENDING any more.
+- "cluster CoE requests per wall second": one CoE job serving a Poisson load in timing
+  mode, requests over the wall time from its submission to its end.
 - SubmitJob latency p50 and p99: 50 client threads, each with its own channel, submit
   small jobs back to back for a few seconds.
 
@@ -34,6 +36,7 @@ LATENCY_S = 4.0
 BATCH = 200
 BATCH_DEADLINE_S = 120.0
 RPC_TIMEOUT_S = 10.0
+COE_REQUESTS = 2000
 
 
 def _free_port() -> int:
@@ -145,6 +148,38 @@ def _submit_latency(address: str) -> list[BenchFigure]:
     ]
 
 
+def _coe_rate(address: str, requests: int = COE_REQUESTS) -> BenchFigure:
+    """Emulated CoE requests the cluster completes per wall second, timing mode: one job
+    serving a Poisson load on both nodes (two TP8 replicas), from submission to its end.
+    The load outruns the rack (400 arrivals per emulated second), so batches are full."""
+    spec = job_pb2.JobSpec(
+        name="bench coe",
+        coe_inference=job_pb2.CoeInferenceJob(
+            num_experts=150,
+            num_sockets=16,
+            poisson=job_pb2.PoissonLoad(requests=requests, rate_per_s=400.0, skew=1.0, seed=1),
+        ),
+    )
+    with channel(address) as ch:
+        stub = job_pb2_grpc.JobServiceStub(ch)
+        start = time.perf_counter()
+        job = stub.SubmitJob(job_pb2.SubmitJobRequest(spec=spec), timeout=RPC_TIMEOUT_S).job
+        for _ in stub.WatchJob(job_pb2.WatchJobRequest(job_id=job.id), timeout=BATCH_DEADLINE_S):
+            pass
+        elapsed = time.perf_counter() - start
+        done = stub.GetJob(job_pb2.GetJobRequest(job_id=job.id), timeout=RPC_TIMEOUT_S).job
+    if done.state != common_pb2.JOB_STATE_SUCCEEDED:
+        raise RdurackError(f"the CoE job ended {done.state}: {done.error_message}")
+    served = done.result.coe_inference.requests
+    return BenchFigure(
+        "cluster CoE requests per wall second (timing mode)",
+        served / elapsed,
+        "requests/s",
+        200,
+        "higher",
+    )
+
+
 def bench_control() -> list[BenchFigure]:
     with tempfile.TemporaryDirectory(prefix="rdurack-bench-") as tmp:
         state = Path(tmp)
@@ -154,6 +189,7 @@ def bench_control() -> list[BenchFigure]:
             figures = [
                 BenchFigure("rdu up to ready", time.perf_counter() - start, "s", 10.0, "lower")
             ]
+            figures.append(_coe_rate(rack.orchestrator))  # first: an idle rack
             figures.append(_scheduling_rate(rack.orchestrator))
             figures += _submit_latency(rack.orchestrator)
             return figures

@@ -18,7 +18,7 @@ from rdurack.rack.errors import RdurackError, UnknownName
 from rdurack.rack.kernels import FusionPlan, Phase
 from rdurack.rack.models import ModelSpec, builtin_models
 from rdurack.rack.whatif import load_platform
-from rdurack.services import cli_rack  # noqa: F401  (registers the rack commands)
+from rdurack.services import cli_coe, cli_rack  # noqa: F401  (register their commands)
 from rdurack.services.cli_app import JsonOpt, SpecOpt, app, emit
 from rdurack.workloads.paper import Figure, PaperStudy, to_markdown
 from rdurack.workloads.predictor import (
@@ -96,7 +96,7 @@ def predict_coe_cmd(
     router_model: Annotated[str, typer.Option()] = "llama2-7b",
     decode_plan: Annotated[
         FusionPlan | None,
-        typer.Option(help="default: fused-ho on SN40L (PAPER's setting), unfused on GPUs"),
+        typer.Option(help="default: kernel-looped on SN40L, unfused on GPUs (Table V: fused-ho)"),
     ] = None,
     spec: SpecOpt = None,
     as_json: JsonOpt = False,

@@ -15,6 +15,7 @@ from typing import Annotated, Any, NoReturn, TypeVar, cast
 
 import grpc
 import typer
+from google.protobuf import json_format
 from rich.console import Console
 from rich.progress import (
     BarColumn,
@@ -156,6 +157,8 @@ def _state(value: int) -> str:
 
 def _job_dict(job: job_pb2.Job) -> dict[str, Any]:
     """One job as the CLI prints it; result fields are null until it SUCCEEDED."""
+    if job.spec.WhichOneof("workload") == "coe_inference":
+        return _coe_dict(job)
     k = job.spec.kernel
     has = job.result.HasField("kernel")
     r = job.result.kernel
@@ -182,6 +185,58 @@ def _job_dict(job: job_pb2.Job) -> dict[str, Any]:
         "launch_overhead_s": r.launch_overhead_s if has else None,
         "error": job.error_message or None,
     }
+
+
+def _coe_dict(job: job_pb2.Job) -> dict[str, Any]:
+    """A CoE job: its spec's essentials and, once it has one, its result (a job that
+    FAILED for lack of memory has one too, with oom true)."""
+    c = job.spec.coe_inference
+    has = job.result.HasField("coe_inference")
+    r = job.result.coe_inference
+    data: dict[str, Any] = {
+        "job_id": job.id,
+        "name": job.spec.name,
+        "state": _state(job.state),
+        "model": c.expert_model or "llama2-7b",
+        "phase": "coe",
+        "platform": job.spec.platform,
+        "num_experts": c.num_experts or 150,
+        "num_sockets": c.num_sockets or 8,
+        "sockets": [s.id for s in job.sockets],
+        "error": job.error_message or None,
+    }
+    result = json_format.MessageToDict(
+        r, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+    )
+    for key in RESULT_KEYS:
+        data[key] = result.get(key) if has else None
+    if has:
+        data["tokens"] = int(result.get("tokens", 0))
+        data["per_request"] = result.get("per_request", [])
+    return data
+
+
+# The CoE result fields the CLI shows, in order (`per_request` follows in --json).
+RESULT_KEYS = (
+    "emulated_s",
+    "requests",
+    "tokens",
+    "tokens_per_s",
+    "switch_s",
+    "switches",
+    "hbm_hit_rate",
+    "router_s",
+    "p50_latency_s",
+    "p99_latency_s",
+    "p50_ttft_s",
+    "p99_ttft_s",
+    "mean_tpot_s",
+    "switches_per_expert",
+    "oom",
+    "oom_reason",
+    "diagnostics",
+    "decode_plan",
+)
 
 
 def _get(stub: job_pb2_grpc.JobServiceStub, job_id: str) -> job_pb2.Job:
@@ -258,6 +313,9 @@ def _show_job(job: job_pb2.Job, as_json: bool) -> None:
         print(json.dumps(data))
         return
     data["sockets"] = ", ".join(data["sockets"]) or None
+    per_request = data.pop("per_request", None)
+    if per_request:
+        data["per_request"] = f"{len(per_request)} requests (--json lists them)"
     emit(False, data, f"job {job.id}")
 
 

@@ -61,6 +61,13 @@ def collective_op(value: int) -> str:
     return COLLECTIVES[value]
 
 
+def positive(value: int, field: str) -> int:
+    """A size a request must set (proto3 cannot tell 0 from unset)."""
+    if value <= 0:
+        raise InvalidRequest(f"{field}: must be positive, got {value}")
+    return value
+
+
 def socket_ref(socket_id: str) -> common_pb2.SocketRef:
     s = SocketId.parse(socket_id)
     return common_pb2.SocketRef(node_index=s.node, socket_index=s.index, id=socket_id)

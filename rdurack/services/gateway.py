@@ -8,10 +8,11 @@ import grpc
 
 from rdurack.orchestrator.gateway import KernelRun, NodeView, SocketView, TierView
 from rdurack.orchestrator.jobs import KernelWorkload
-from rdurack.rack.errors import InvalidRequest, LinkFailure, RdurackError
-from rdurack.services import convert
+from rdurack.rack.errors import InvalidRequest, LinkFailure, OutOfMemory, RdurackError
+from rdurack.services import convert, program_convert
 from rdurack.services.grpc_server import channel
 from rdurack.v1 import node_agent_pb2, node_agent_pb2_grpc, rack_pb2
+from rdurack.workloads.program import Op, ProgramRun
 
 TIER_NAMES = {v: k.value for k, v in convert.TIERS.items()}
 # Agent refusals the orchestrator retries later (busy, unreachable); others fail the job.
@@ -48,6 +49,9 @@ class GrpcNodeGateway:
             code = e.code() if hasattr(e, "code") else grpc.StatusCode.UNKNOWN
             details = e.details() if hasattr(e, "details") else str(e)
             message = f"node {node} ({self.addresses[node]}): {what}: {details}"
+            oom = OutOfMemory.from_message(details or "")
+            if code == grpc.StatusCode.RESOURCE_EXHAUSTED and oom is not None:
+                raise oom from None  # the socket's own error: tier, asked and free
             if code in RETRYABLE:
                 raise LinkFailure(message) from None
             raise RdurackError(message) from None
@@ -107,6 +111,19 @@ class GrpcNodeGateway:
             )
             for t in reply.sockets
         ]
+
+    def run_program(
+        self, node: int, job_id: str, sockets: Sequence[str], ops: Sequence[Op], start_ns: int
+    ) -> list[ProgramRun]:
+        request = node_agent_pb2.RunProgramRequest(
+            job_id=job_id,
+            socket_ids=list(sockets),
+            ops=[program_convert.op_to_proto(op) for op in ops],
+            emulated_start_ns=start_ns,
+        )
+        reply = self._call(node, f"program of {job_id}", "RunProgram", request, self.timeout_s)
+        assert isinstance(reply, node_agent_pb2.RunProgramResponse)
+        return [program_convert.run_from_proto(t, ops) for t in reply.sockets]
 
 
 def _node_view(node: rack_pb2.NodeStatus, address: str) -> NodeView:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from google.protobuf import json_format
 from google.protobuf.timestamp_pb2 import Timestamp
 from pydantic import ValidationError
 
@@ -13,13 +14,11 @@ from rdurack.orchestrator.store import Event
 from rdurack.rack.errors import InvalidRequest
 from rdurack.services import convert
 from rdurack.v1 import common_pb2, job_pb2, rack_pb2
+from rdurack.workloads.coe_spec import CoeWorkload
 
 STATE_TO_PROTO = {s: common_pb2.JobState.Value(f"JOB_STATE_{s.value}") for s in JobState}
 STATE_FROM_PROTO = {v: k for k, v in STATE_TO_PROTO.items()}
-NOT_YET = {
-    "coe_inference": "CoE inference jobs arrive with the CoE work",
-    "training": "training jobs arrive with the DDP work",
-}
+NOT_YET = {"training": "training jobs arrive with the DDP work"}
 
 
 def spec_from_proto(p: job_pb2.JobSpec, default_platform: str) -> JobSpec:
@@ -29,6 +28,24 @@ def spec_from_proto(p: job_pb2.JobSpec, default_platform: str) -> JobSpec:
         raise InvalidRequest("spec.workload: required; set spec.kernel")
     if kind in NOT_YET:
         raise InvalidRequest(f"spec.{kind}: not supported yet ({NOT_YET[kind]})")
+    workload = _coe_from_proto(p.coe_inference) if kind == "coe_inference" else _kernel(p)
+    try:
+        return JobSpec(
+            name=p.name,
+            priority=p.priority,
+            platform=p.platform or default_platform,
+            payload_mode="functional"
+            if p.payload_mode == common_pb2.PAYLOAD_MODE_FUNCTIONAL
+            else "timing",
+            workload=workload,
+        )
+    except ValidationError as e:
+        first = e.errors()[0]
+        loc = [str(x) for x in first["loc"] if x != "workload"]  # the tag is the proto's oneof
+        raise InvalidRequest(f"spec.{'.'.join(loc)}: {first['msg']}") from None
+
+
+def _kernel(p: job_pb2.JobSpec) -> dict[str, Any]:
     k = p.kernel
     if k.phase == common_pb2.PHASE_UNSPECIFIED:
         raise InvalidRequest("spec.kernel.phase: required (PREFILL, DECODE or TRAIN)")
@@ -50,25 +67,30 @@ def spec_from_proto(p: job_pb2.JobSpec, default_platform: str) -> JobSpec:
         workload["batch_size"] = k.batch_size
     if k.output_tokens:
         workload["output_tokens"] = k.output_tokens
-    try:
-        return JobSpec(
-            name=p.name,
-            priority=p.priority,
-            platform=p.platform or default_platform,
-            payload_mode="functional"
-            if p.payload_mode == common_pb2.PAYLOAD_MODE_FUNCTIONAL
-            else "timing",
-            workload=workload,
-        )
-    except ValidationError as e:
-        first = e.errors()[0]
-        loc = [str(x) for x in first["loc"] if x != "workload"]
-        raise InvalidRequest(f"spec.{'.'.join(loc)}: {first['msg']}") from None
+    return workload
+
+
+def _coe_from_proto(c: job_pb2.CoeInferenceJob) -> dict[str, Any]:
+    """Proto3 cannot tell 0 from unset: unset (zero) fields are left out, so the
+    model's defaults apply; fields where zero means something are `optional`."""
+    d: dict[str, Any] = json_format.MessageToDict(c, preserving_proto_field_name=True)
+    d["kind"] = "coe_inference"
+    if "decode_plan" in d:
+        value = common_pb2.FusionPlan.Value(d["decode_plan"])
+        if value not in convert.PLANS:
+            raise InvalidRequest("spec.coe_inference.decode_plan: not a fusion plan")
+        d["decode_plan"] = convert.PLANS[value]
+    for key in ("num_experts", "reserved_hbm_bytes", "seed", "batch_size", "output_tokens"):
+        if key in d:
+            d[key] = int(d[key])  # MessageToDict writes 64-bit integers as strings
+    if "poisson" in d and "seed" in d["poisson"]:
+        d["poisson"]["seed"] = int(d["poisson"]["seed"])
+    return d
 
 
 def spec_to_proto(spec: JobSpec, client_request_id: str | None = None) -> job_pb2.JobSpec:
     w = spec.workload
-    return job_pb2.JobSpec(
+    msg = job_pb2.JobSpec(
         name=spec.name,
         priority=spec.priority,
         platform=spec.platform,
@@ -76,7 +98,15 @@ def spec_to_proto(spec: JobSpec, client_request_id: str | None = None) -> job_pb
         payload_mode=common_pb2.PAYLOAD_MODE_FUNCTIONAL
         if spec.payload_mode == "functional"
         else common_pb2.PAYLOAD_MODE_TIMING,
-        kernel=job_pb2.KernelJob(
+    )
+    if isinstance(w, CoeWorkload):
+        d = w.model_dump(mode="json", exclude={"kind"}, exclude_none=True)
+        if w.decode_plan is not None:
+            d["decode_plan"] = convert.PLAN_TO_PROTO[w.decode_plan]
+        json_format.ParseDict(d, msg.coe_inference)
+        return msg
+    msg.kernel.CopyFrom(
+        job_pb2.KernelJob(
             model=w.model,
             phase=convert.PHASE_TO_PROTO[w.phase],
             fusion_plan=convert.PLAN_TO_PROTO[w.fusion_plan],
@@ -84,8 +114,9 @@ def spec_to_proto(spec: JobSpec, client_request_id: str | None = None) -> job_pb
             batch_size=w.batch_size,
             num_sockets=w.num_sockets,
             output_tokens=w.output_tokens,
-        ),
+        )
     )
+    return msg
 
 
 def _time(seconds: float) -> Timestamp:
@@ -95,6 +126,13 @@ def _time(seconds: float) -> Timestamp:
 
 
 def result_to_proto(result: dict[str, Any]) -> job_pb2.JobResult:
+    if result.get("kind") == "coe_inference":
+        coe = {k: v for k, v in result.items() if k != "kind"}
+        return job_pb2.JobResult(
+            coe_inference=json_format.ParseDict(
+                coe, job_pb2.CoeInferenceResult(), ignore_unknown_fields=True
+            )
+        )
     return job_pb2.JobResult(
         kernel=job_pb2.KernelResult(
             emulated_s=float(result.get("emulated_s", 0.0)),

@@ -8,7 +8,7 @@ from rdurack.node_agent.agent import NodeAgent
 from rdurack.rack.errors import InvalidRequest
 from rdurack.rack.kernels import Phase
 from rdurack.rack.models import model
-from rdurack.services import convert
+from rdurack.services import convert, program_convert
 from rdurack.services.errors import rpc
 from rdurack.v1 import common_pb2, node_agent_pb2, node_agent_pb2_grpc, rack_pb2
 
@@ -78,7 +78,7 @@ class NodeAgentService(node_agent_pb2_grpc.NodeAgentServiceServicer):
             phase,
             convert.plan(request.fusion_plan),
             request.batch_size or 1,
-            _positive(request.sequence_length, "sequence_length"),
+            convert.positive(request.sequence_length, "sequence_length"),
             group,
             steps,
             request.emulated_start_ns or None,
@@ -119,13 +119,22 @@ class NodeAgentService(node_agent_pb2_grpc.NodeAgentServiceServicer):
             sockets=[convert.collective_timing(r) for r in runs]
         )
 
+    @rpc
+    def RunProgram(
+        self, request: node_agent_pb2.RunProgramRequest, context: grpc.ServicerContext
+    ) -> node_agent_pb2.RunProgramResponse:
+        _require(request.job_id, "job_id")
+        _require(list(request.socket_ids), "socket_ids")
+        _require(list(request.ops), "ops")
+        ops = [program_convert.op_from_proto(op, i) for i, op in enumerate(request.ops)]
+        runs = self.agent.run_program(
+            request.job_id, list(request.socket_ids), ops, request.emulated_start_ns or None
+        )
+        return node_agent_pb2.RunProgramResponse(
+            sockets=[program_convert.run_to_proto(r) for r in runs]
+        )
+
 
 def _require(value: object, field: str) -> None:
     if not value:
         raise InvalidRequest(f"{field}: required")
-
-
-def _positive(value: int, field: str) -> int:
-    if value <= 0:
-        raise InvalidRequest(f"{field}: must be positive, got {value}")
-    return value

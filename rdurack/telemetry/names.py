@@ -14,6 +14,11 @@ SPAN_NODE_KERNEL = "node_agent.run_kernel"  # a node agent driving its sockets' 
 SPAN_NODE_COLLECTIVE = "node_agent.collective"  # ... and its sockets' part of a collective
 SPAN_KERNEL = "rdu.kernel"  # a socket running a kernel (emulated timeline)
 SPAN_COLLECTIVE = "rdu.collective"  # a socket's part of a collective (emulated timeline)
+SPAN_NODE_PROGRAM = "node_agent.run_program"  # a node agent driving a program (CoE batch)
+SPAN_DEPLOY = "rdu.bundle_deploy"  # a socket loading its share of a model bundle
+SPAN_EXPERT_SWITCH = "rdu.expert_switch"  # an expert copied DDR -> HBM (or a hit)
+SPAN_GENERATE = "rdu.generate"  # functional mode: a tiny expert generating tokens
+SPAN_COE_BATCH = "coe.batch"  # the orchestrator serving one batch on one replica
 
 # Instrumentation scope names (the tracer's name).
 TRACER_ORCHESTRATOR = "rdurack.orchestrator"
@@ -52,3 +57,14 @@ ATTR_COLLECTIVE_OP = "rdurack.collective.op"
 ATTR_COLLECTIVE_ALGORITHM = "rdurack.collective.algorithm"
 ATTR_COLLECTIVE_TAG = "rdurack.collective.tag"
 ATTR_GROUP_SIZE = "rdurack.collective.group_size"
+ATTR_KERNEL_ROLE = "rdurack.kernel.role"  # CoE: router, prefill or decode
+ATTR_BATCH = "rdurack.kernel.batch"  # sequences a kernel processes together
+ATTR_TIER = "rdurack.memory.tier"  # the tier (or "src->dst" tiers) a span's bytes use
+ATTR_EXPERT = "rdurack.coe.expert"
+ATTR_EXPERTS = "rdurack.coe.experts"  # experts in a bundle
+ATTR_SWITCH_HIT = "rdurack.coe.switch.hit"  # the expert was already in HBM
+ATTR_EVICTED = "rdurack.coe.switch.evicted"  # experts evicted to make room (a list)
+ATTR_PLATFORM = "rdurack.platform"  # the platform a job emulates (sn40l, dgx-a100, ...)
+ATTR_TOKENS = "rdurack.coe.tokens"  # tokens generated
+ATTR_REQUESTS = "rdurack.coe.requests"  # requests in a batch
+ATTR_REPLICA = "rdurack.coe.replica"  # the serving replica (TP group) of a batch

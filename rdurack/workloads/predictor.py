@@ -72,11 +72,9 @@ class Predictor:
         return tokens * self.step(model, Phase.DECODE, plan, batch, context, sockets).total_s
 
     def default_decode_plan(self) -> FusionPlan:
-        return (
-            FusionPlan.FUSED_HO
-            if self.platform.socket.kernels.dataflow_fusion
-            else (FusionPlan.UNFUSED)
-        )
+        """Kernel looping on SN40L (the whole decode loop one kernel); GPUs unfused."""
+        dataflow = self.platform.socket.kernels.dataflow_fusion
+        return FusionPlan.KERNEL_LOOPED if dataflow else FusionPlan.UNFUSED
 
     def check_fits_hbm(
         self, model: ModelSpec, sockets: int, kv_tokens: int, extra: int = 0

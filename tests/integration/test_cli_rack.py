@@ -111,6 +111,23 @@ def test_up_submit_watch_cancel_down(tmp_path: Path) -> None:
         assert job["tokens_per_s"] > 0
         assert job["error"] is None
 
+        # A CoE job from a trace file, the summary as JSON.
+        trace = tmp_path / "trace.jsonl"
+        trace.write_text(
+            '{"arrival_s": 0, "prompt": "fix this python bug"}\n'
+            '{"arrival_s": 0.5, "prompt_tokens": 64, "expert": "law-contracts"}\n'
+        )
+        coe = _json(
+            rdu(
+                "submit", "coe", "--experts", "10", "--sockets", "2", "--trace", str(trace),
+                "--output-tokens", "4", "--wait", "--json", *address,
+            )
+        )  # fmt: skip
+        assert coe["state"] == "SUCCEEDED", coe
+        assert coe["requests"] == 2 and coe["oom"] is False and coe["diagnostics"] == []
+        assert coe["switch_s"] > 0 and 0 <= coe["hbm_hit_rate"] <= 1 and coe["tokens_per_s"] > 0
+        assert [r["expert"] for r in coe["per_request"]][1] == "law-contracts"
+
         listed = _json(rdu("jobs", "--json", *address))["jobs"]
         assert job["job_id"] in [j["job_id"] for j in listed]
         assert _json(rdu("job", job["job_id"], "--json", *address))["state"] == "SUCCEEDED"

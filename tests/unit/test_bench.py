@@ -9,7 +9,12 @@ from typing import Any
 import pytest
 
 from rdurack.services import bench
-from rdurack.services.bench import bench_paper_fidelity, bench_predictor_speed, run
+from rdurack.services.bench import (
+    bench_paper_fidelity,
+    bench_predictor_speed,
+    bench_serving_engine,
+    run,
+)
 from rdurack.services.bench_figure import BenchFigure
 
 MET = BenchFigure("fake latency", 1.5, "ms", 2.0, "lower")
@@ -162,4 +167,10 @@ def test_predictor_speed_is_a_positive_rate() -> None:
     assert figure.value > 0
     assert figure.target is not None
     assert figure.target > 0
+    _check_schema(json.loads(json.dumps(figure.__dict__)))
+
+
+def test_serving_engine_speed_is_a_positive_rate() -> None:
+    (figure,) = bench_serving_engine(requests=200)
+    assert figure.unit == "requests/s" and figure.better == "higher" and figure.value > 0
     _check_schema(json.loads(json.dumps(figure.__dict__)))

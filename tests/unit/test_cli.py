@@ -12,6 +12,9 @@ from typing import Any
 
 import pytest
 
+from rdurack.rack.errors import InvalidRequest
+from rdurack.services.cli_coe import read_trace
+
 CLI = [sys.executable, "-m", "rdurack.services.cli"]
 ENV = {
     **os.environ,
@@ -235,3 +238,20 @@ def test_bench_paper_json_lists_the_published_figures() -> None:
     keys = [f["key"] for f in out]
     assert len(keys) == len(set(keys))
     assert {"coe_speedup_dgx_a100", "footprint_ratio"} <= set(keys)
+
+
+def test_a_bad_coe_trace_names_its_line(tmp_path: Path) -> None:
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"arrival_s": 0, "prompt": "a"}\n\n{"arrival_s": -1, "prompt": "b"}\n')
+    with pytest.raises(InvalidRequest, match=r"t\.jsonl:3: arrival_s"):
+        read_trace(trace)
+    trace.write_text('{"arrival_s": 0}\n')
+    with pytest.raises(InvalidRequest, match="exactly one of prompt or prompt_tokens"):
+        read_trace(trace)
+    trace.write_text("not json\n")
+    with pytest.raises(InvalidRequest, match=r"t\.jsonl:1: not JSON"):
+        read_trace(trace)
+    trace.write_text('{"arrival_s": 1.5, "prompt_tokens": 12, "expert": "7"}\n')
+    (line,) = read_trace(trace)
+    assert line.arrival_s == 1.5 and line.prompt_tokens == 12 and line.expert == "7"
+    assert not line.HasField("prompt")

@@ -14,6 +14,7 @@ from rdurack.orchestrator.jobs import (
     Job,
     JobSpec,
     JobState,
+    KernelWorkload,
     parse_state,
 )
 from rdurack.rack.errors import InvalidRequest
@@ -73,7 +74,9 @@ def test_an_illegal_move_names_the_job_and_what_is_allowed() -> None:
 
 
 def test_specs_validate_with_field_paths() -> None:
-    assert SPEC.workload.phase is Phase.DECODE and SPEC.workload.fusion_plan is FusionPlan.FUSED_HO
+    w = SPEC.workload
+    assert isinstance(w, KernelWorkload)
+    assert w.phase is Phase.DECODE and w.fusion_plan is FusionPlan.FUSED_HO
     assert SPEC.sockets == 4
     with pytest.raises(ValidationError) as err:
         JobSpec(workload={"kind": "kernel", "model": "x", "phase": "decode", "num_sockets": 0})

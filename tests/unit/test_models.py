@@ -7,6 +7,7 @@ from pydantic import ValidationError
 
 from rdurack.rack.errors import UnknownName
 from rdurack.rack.models import ModelSpec, builtin_models, model
+from rdurack.workloads.tiny_lm import TinyLM, TinyLMConfig, model_spec
 
 # Published sizes (model cards / papers), in parameters.
 PUBLISHED = {
@@ -27,8 +28,16 @@ def test_parameter_count_matches_published(name: str) -> None:
     assert model(name).params == pytest.approx(PUBLISHED[name], rel=0.01)
 
 
-def test_every_preset_has_a_published_size() -> None:
-    assert set(builtin_models()) == set(PUBLISHED)
+def test_every_preset_has_a_published_size_but_our_own_tiny_expert() -> None:
+    assert set(builtin_models()) == set(PUBLISHED) | {"tiny-lm"}
+
+
+def test_the_tiny_lm_preset_is_the_shape_of_the_functional_model() -> None:
+    shape = model_spec(TinyLMConfig(), "tiny-lm")
+    assert model("tiny-lm").model_copy(update={"source": ""}) == shape.model_copy(
+        update={"source": ""}
+    )
+    assert model("tiny-lm").params == TinyLM(TinyLMConfig(), seed=1).parameter_count
 
 
 def test_kv_cache_per_token_uses_kv_heads() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -13,12 +14,25 @@ from rdurack.orchestrator.gateway import KernelRun, NodeView, SocketView
 from rdurack.orchestrator.jobs import IllegalTransition, JobSpec, JobState, KernelWorkload
 from rdurack.orchestrator.orchestrator import Orchestrator
 from rdurack.orchestrator.store import JobStore
-from rdurack.rack.errors import InvalidRequest, LinkFailure, OutOfMemory, RdurackError, SocketBusy
+from rdurack.rack.errors import (
+    InvalidRequest,
+    LinkFailure,
+    OneProcessPerSocket,
+    OutOfMemory,
+    RdurackError,
+    SocketBusy,
+)
 from rdurack.rack.kernels import Phase
+from rdurack.rack.models import builtin_models
 from rdurack.rack.presets import platform
+from rdurack.rack.spec import PlatformSpec
 from rdurack.rack.topology import Topology
+from rdurack.workloads.bundle import PredictedReplicas
+from rdurack.workloads.coe_spec import CoeWorkload
+from rdurack.workloads.program import Deploy, Op, ProgramRun
 
 RACK = platform("sn40l-rack16")
+MODELS = builtin_models()
 STEP_NS = 1_000
 
 
@@ -33,6 +47,7 @@ class FakeGateway:
         self.fail: Callable[[str], Exception | None] = lambda job: None
         self.lock = threading.Lock()
         self.max_running = 0
+        self.programs: dict[tuple[str, tuple[str, ...]], PredictedReplicas] = {}
 
     def nodes(self) -> list[NodeView]:
         with self.lock:
@@ -83,6 +98,23 @@ class FakeGateway:
             for s in sockets:
                 self.clock[s] = end
         return [KernelRun(s, start_ns, end, 3 * steps, 1_000 * steps) for s in sockets]
+
+    def run_program(
+        self, node: int, job_id: str, sockets: Sequence[str], ops: Sequence[Op], start_ns: int
+    ) -> list[ProgramRun]:
+        """Every socket of a TP group does the same: one predicted socket speaks for it."""
+        replicas = self.programs.setdefault(
+            (job_id, tuple(sockets)), PredictedReplicas(self.platform_of(ops), MODELS, len(sockets))
+        )
+        run = replicas.run(0, ops, start_ns)
+        with self.lock:
+            for s in sockets:
+                self.clock[s] = run.end_ns
+        return [replace(run, socket_id=s) for s in sockets]
+
+    def platform_of(self, ops: Sequence[Op]) -> PlatformSpec:
+        deploy = next((op for op in ops if isinstance(op, Deploy)), None)
+        return platform(deploy.platform) if deploy else RACK
 
 
 def spec(sockets: int = 8, steps: int = 20, model: str = "llama2-7b", **kw: object) -> JobSpec:
@@ -259,3 +291,43 @@ def test_wall_start_and_finish_are_recorded(orch: Orchestrator) -> None:
     done = orch.get(job.id)
     assert done.started_s is not None and done.finished_s is not None
     assert done.created_s <= done.started_s <= done.finished_s
+
+
+# ------------------------------------------------------------------ CoE inference
+
+
+def coe(platform_name: str = "sn40l-rack16", **fields: object) -> JobSpec:
+    return JobSpec(platform=platform_name, workload=CoeWorkload.model_validate(fields))
+
+
+def test_a_coe_job_serves_its_requests_and_reports(orch: Orchestrator) -> None:
+    job, _ = orch.submit(coe(num_experts=30, num_sockets=16, prompts=["a", "b", "c"]))
+    assert wait_for(orch, job.id) is JobState.SUCCEEDED
+    done = orch.get(job.id)
+    assert done.result is not None and done.result["kind"] == "coe_inference"
+    assert done.result["requests"] == 3 and not done.result["oom"]
+    assert done.emulated_end_ns is not None and done.emulated_start_ns is not None
+    emulated = (done.emulated_end_ns - done.emulated_start_ns) * 1e-9
+    assert emulated == pytest.approx(done.result["emulated_s"], abs=1e-9)
+    kinds = [e.kind for e in orch.events(job.id)]
+    assert kinds.count("result") == 1 and "progress" in kinds
+
+
+def test_a_dgx_that_cannot_hold_the_experts_fails_with_oom(orch: Orchestrator) -> None:
+    job, _ = orch.submit(coe("dgx-a100", num_experts=150))
+    assert wait_for(orch, job.id) is JobState.FAILED
+    failed = orch.get(job.id)
+    assert failed.result is not None and failed.result["oom"] is True
+    assert "143 fit" in failed.error
+
+
+def test_impossible_coe_jobs_are_refused_before_they_are_stored(orch: Orchestrator) -> None:
+    with pytest.raises(OneProcessPerSocket, match="one process per socket"):
+        orch.submit(coe(num_sockets=4, tensor_parallel=8))
+    with pytest.raises(InvalidRequest, match="dgx-a100 job runs on one emulated node"):
+        orch.submit(coe("dgx-a100", num_sockets=16))
+    with pytest.raises(RdurackError, match="pinned_experts"):
+        orch.submit(coe(pinned_experts=["no-such-expert"]))
+    with pytest.raises(RdurackError, match="tiny-lm"):
+        orch.submit(coe(num_experts=4).model_copy(update={"payload_mode": "functional"}))
+    assert orch.jobs() == []

@@ -56,6 +56,7 @@ SERVICES: dict[str, dict[str, dict[str, tuple[bool, bool]]]] = {
             "ReleaseSockets": (False, False),
             "RunKernel": (False, False),
             "Collective": (False, False),
+            "RunProgram": (False, False),
         },
     },
     "link": {

@@ -1,0 +1,115 @@
+"""CoE inference jobs on the rack: what is refused up front, and the executor that runs
+the serving engine's programs on the node agents (through the NodeGateway).
+
+A job's sockets split into replicas of `tensor_parallel` sockets, each inside one node;
+the engine (workloads/coe.py) sends each batch to one replica as one program, and the
+replica's sockets run it together. A job on another platform (a DGX) runs on socket
+actors loaded with that platform's spec for the job's duration.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from rdurack.orchestrator.gateway import NodeGateway
+from rdurack.rack.errors import InvalidRequest, OneProcessPerSocket, UnknownName
+from rdurack.rack.models import ModelSpec
+from rdurack.rack.presets import builtin_platforms
+from rdurack.rack.spec import PlatformSpec
+from rdurack.rack.topology import SocketId
+from rdurack.workloads.coe import check_functional
+from rdurack.workloads.coe_spec import CoeWorkload, build_requests
+from rdurack.workloads.program import Op, ProgramRun, combine
+from rdurack.workloads.router import Router
+
+FIELD = "spec.coe_inference"
+
+
+def coe_platform(rack: PlatformSpec, name: str) -> PlatformSpec:
+    """The platform a CoE job emulates: the rack's own, or another platform's node
+    (a DGX) emulated on one rack node's socket actors."""
+    if name == rack.name:
+        return rack
+    platforms = builtin_platforms()
+    if name not in platforms:
+        raise UnknownName("platform", name, [rack.name, *sorted(platforms)])
+    other = platforms[name]
+    if other.node.sockets != rack.node.sockets:
+        raise InvalidRequest(
+            f"spec.platform: a {name} node has {other.node.sockets} sockets; this rack emulates "
+            f"another platform's node on one of its {rack.node.sockets}-socket nodes"
+        )
+    return other
+
+
+def validate_coe(
+    w: CoeWorkload, rack: PlatformSpec, platform_name: str, functional: bool,
+    models: dict[str, ModelSpec],
+) -> None:  # fmt: skip
+    """Refuse, before storing, a CoE job that could never run."""
+    platform = coe_platform(rack, platform_name)
+    node = rack.node.sockets
+    tp = w.tensor_parallel or platform.node.sockets
+    if tp > node:
+        raise InvalidRequest(
+            f"{FIELD}.tensor_parallel: {tp} > {node}: a replica's TP group stays in one node"
+        )
+    if w.num_sockets < tp or w.num_sockets % tp:
+        raise OneProcessPerSocket(
+            f"{FIELD}.num_sockets: {w.num_sockets} sockets cannot host replicas of "
+            f"tensor_parallel {tp}: some socket would run two TP ranks, two processes on one "
+            f"RDU. Each rank needs a socket of its own (one process per socket); use a "
+            f"multiple of {tp} sockets, or a smaller tensor_parallel"
+        )
+    if w.num_sockets > node and w.num_sockets % node:
+        raise InvalidRequest(
+            f"{FIELD}.num_sockets: {w.num_sockets}: a job wider than a node takes whole nodes "
+            f"(a multiple of {node})"
+        )
+    if platform is not rack and w.num_sockets != platform.node.sockets:
+        raise InvalidRequest(
+            f"{FIELD}.num_sockets: a {platform.name} job runs on one emulated node of "
+            f"{platform.node.sockets} sockets, not {w.num_sockets}"
+        )
+    for field, name in (("expert_model", w.expert_model), ("router_model", w.router_model)):
+        if name not in models:
+            raise UnknownName(f"model ({FIELD}.{field})", name, sorted(models))
+    if functional:
+        check_functional(w)
+    router = Router.for_catalog(w.num_experts)
+    unknown = sorted(set(w.pinned_experts) - set(router.names))
+    if unknown:
+        raise UnknownName(f"expert ({FIELD}.pinned_experts)", unknown[0], router.names[:10])
+    if w.reserved_hbm_bytes and w.reserved_hbm_bytes > platform.socket.hbm.capacity_bytes:
+        raise InvalidRequest(
+            f"{FIELD}.reserved_hbm_bytes: {w.reserved_hbm_bytes:,} bytes per socket > a "
+            f"{platform.name} socket's HBM ({platform.socket.hbm.capacity_bytes:,})"
+        )
+    build_requests(w, router)  # hints and routing: fail now, not after queueing
+
+
+def replica_groups(sockets: Sequence[str], tp: int) -> list[tuple[int, list[str]]]:
+    """(node, TP group) of each replica: a node's sockets in order, `tp` at a time."""
+    by_node: dict[int, list[str]] = {}
+    for s in sorted(sockets, key=lambda s: (SocketId.parse(s).node, SocketId.parse(s).index)):
+        by_node.setdefault(SocketId.parse(s).node, []).append(s)
+    return [
+        (node, ids[i : i + tp])
+        for node, ids in sorted(by_node.items())
+        for i in range(0, len(ids), tp)
+    ]
+
+
+class GatewayReplicas:
+    """The engine's NodeExecutor on the rack: replica i is a TP group of one node."""
+
+    def __init__(
+        self, gateway: NodeGateway, job_id: str, replicas: list[tuple[int, list[str]]]
+    ) -> None:
+        self.gateway = gateway
+        self.job_id = job_id
+        self.replicas = replicas
+
+    def run(self, replica: int, ops: Sequence[Op], start_ns: int) -> ProgramRun:
+        node, sockets = self.replicas[replica]
+        return combine(self.gateway.run_program(node, self.job_id, sockets, ops, start_ns))
