@@ -10,6 +10,8 @@ stderr to `STATE_DIR/logs/<name>.log` (a file, not a pipe: the processes outlive
 `rdu up` that started them). `STATE_DIR/rack.json` records their process ids, so
 `down` stops exactly what `up` started, and nothing else: a recorded pid is signalled
 only while it is the same process (same start time, "rdurack" in its command line).
+Every process gets `RDURACK_TRACE_DIR=STATE_DIR/traces` (unless the environment sets
+it; empty turns trace files off), so `rdu trace` and `rdu plot` find each job's spans.
 """
 
 from __future__ import annotations
@@ -29,11 +31,13 @@ import psutil
 
 from rdurack import RAY_ENVIRONMENT
 from rdurack.rack.errors import RdurackError
+from rdurack.telemetry.file_export import TRACE_DIR_ENV
 
 DEFAULT_PLATFORM = "sn40l-rack16"
 DEFAULT_SHAPE = (2, 8)  # nodes, sockets per node of sn40l-rack16
 RACK_FILE = "rack.json"
 SPEC_FILE = "platform.yaml"
+TRACES_DIR = "traces"  # STATE_DIR/traces: the processes' trace files (telemetry/file_export.py)
 STOP_WAIT_S = 15.0
 TAIL_LINES = 15
 
@@ -80,8 +84,18 @@ class RackProcesses:
 # ------------------------------------------------------------------ starting
 
 
-def _env() -> dict[str, str]:
-    return {**os.environ, **RAY_ENVIRONMENT, "PYTHONUNBUFFERED": "1"}
+def trace_dir(state_dir: Path) -> Path:
+    """Where the rack's processes write their trace files: the environment's
+    RDURACK_TRACE_DIR when set, else STATE_DIR/traces."""
+    return Path(os.environ.get(TRACE_DIR_ENV) or state_dir / TRACES_DIR)
+
+
+def _env(state_dir: Path) -> dict[str, str]:
+    # Ray's workers (the socket actors) inherit the environment of the Ray head, so the
+    # trace dir reaches every process of the rack this way. Absolute: the children may
+    # change directory. A user's own value (even empty: no files) wins.
+    traces = {TRACE_DIR_ENV: os.environ.get(TRACE_DIR_ENV, str(trace_dir(state_dir).resolve()))}
+    return {**os.environ, **RAY_ENVIRONMENT, "PYTHONUNBUFFERED": "1", **traces}
 
 
 def _spawn(name: str, module: str, args: list[str], logs: Path) -> subprocess.Popen[bytes]:
@@ -94,7 +108,7 @@ def _spawn(name: str, module: str, args: list[str], logs: Path) -> subprocess.Po
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT,
-            env=_env(),
+            env=_env(logs.parent),  # logs is STATE_DIR/logs
             start_new_session=True,
         )
 

@@ -9,6 +9,11 @@ Settings come from flags, else the environment:
     --platform    RDURACK_PLATFORM           platform preset (default sn40l-rack16)
     --spec        RDURACK_SPEC               what-if YAML applied to the platform
     --recovery    RDURACK_RECOVERY           jobs running at a crash: retry (default) or fail
+    --checkpoint-dir RDURACK_CHECKPOINT_DIR  training checkpoints, a directory per job, on
+                                             storage every node agent sees (default
+                                             STATE_DIR/checkpoints)
+    --metrics-port RDURACK_METRICS_PORT      serve rack metrics for Prometheus at
+                                             http://HOST:PORT/metrics (default: off)
 
 It prints one line `orchestrator ready at <host:port>` once it serves.
 """
@@ -25,6 +30,7 @@ from rdurack.orchestrator.orchestrator import Orchestrator
 from rdurack.orchestrator.store import JobStore
 from rdurack.rack.errors import RdurackError
 from rdurack.rack.whatif import load_platform
+from rdurack.services import rack_metrics
 from rdurack.services.gateway import GrpcNodeGateway
 from rdurack.services.grpc_server import Server
 from rdurack.services.job_service import JOB_SERVICE, RACK_SERVICE, JobService, RackService
@@ -44,7 +50,17 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--platform", default=env("RDURACK_PLATFORM", "sn40l-rack16"))
     p.add_argument("--spec", type=Path, default=Path(s) if (s := env("RDURACK_SPEC")) else None)
     p.add_argument(
+        "--checkpoint-dir",
+        type=Path,
+        default=Path(c) if (c := env("RDURACK_CHECKPOINT_DIR")) else None,
+    )
+    p.add_argument(
         "--recovery", choices=("retry", "fail"), default=env("RDURACK_RECOVERY", "retry")
+    )
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=int(m) if (m := env("RDURACK_METRICS_PORT")) else None,
     )
     return p.parse_args(argv)
 
@@ -66,7 +82,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     setup.configure("rdurack-orchestrator")
     gateway = GrpcNodeGateway(agents)
-    orchestrator = Orchestrator(store, gateway, platform, recovery=args.recovery)
+    checkpoints = args.checkpoint_dir or args.state_dir / "checkpoints"
+    orchestrator = Orchestrator(
+        store, gateway, platform, recovery=args.recovery, checkpoint_dir=checkpoints.resolve()
+    )
     recovered = orchestrator.start()
     try:
         server = Server(
@@ -83,8 +102,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if recovered:
         print(f"orchestrator recovered {len(recovered)} jobs", flush=True)
+    metrics = None
+    if args.metrics_port is not None:
+        metrics = rack_metrics.serve(orchestrator, args.host, args.metrics_port)
+        print(f"orchestrator metrics at {metrics.url}", flush=True)
     print(f"orchestrator ready at {server.address}", flush=True)
     StopSignal().install().wait()
+    if metrics is not None:
+        metrics.shutdown()
     server.stop()
     orchestrator.stop()
     gateway.close()

@@ -5,8 +5,11 @@ each socket actor on construction (with its socket id as `service.name`, so Jaeg
 shows one lane per socket). Everything else uses the OpenTelemetry API only.
 
 With `OTEL_EXPORTER_OTLP_ENDPOINT` set, spans go out over OTLP/gRPC (Jaeger ingests
-OTLP natively). Without it no exporter is installed: spans still get real trace ids,
-so context propagates, but nothing is kept. `OTEL_SDK_DISABLED=true` installs nothing.
+OTLP natively). With `RDURACK_TRACE_DIR` set, every process also appends its finished
+spans to `$RDURACK_TRACE_DIR/<service.name>-<pid>.jsonl` (telemetry/file_export.py),
+which `rdu trace` and `rdu plot` read. With neither, no exporter is installed: spans
+still get real trace ids, so context propagates, but nothing is kept.
+`OTEL_SDK_DISABLED=true` installs nothing.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
+from rdurack.telemetry.file_export import TRACE_DIR_ENV, JsonlSpanExporter
 from rdurack.telemetry.names import SERVICE_NAME
 
 # A socket emits a burst of hardware spans (every kernel call and collective) in
@@ -26,23 +30,40 @@ from rdurack.telemetry.names import SERVICE_NAME
 # while the exporter is busy. Spans are small: 65536 of them are a few tens of MB.
 MAX_QUEUE_SIZE = 65536
 MAX_EXPORT_BATCH_SIZE = 2048
+# Trace files: a local append is cheap, so batches go out every 0.5 s (the SDK's default
+# is 5 s): a process that is killed without a flush loses at most that much.
+FILE_SCHEDULE_DELAY_MS = 500
 
 
-def processors(env: Mapping[str, str] | None = None) -> list[SpanProcessor]:
-    """The span processors `configure` installs for the environment `env`."""
+def processors(
+    env: Mapping[str, str] | None = None, service_name: str = "rdurack"
+) -> list[SpanProcessor]:
+    """The span processors `configure` installs for the environment `env`: OTLP when
+    `OTEL_EXPORTER_OTLP_ENDPOINT` is set, trace files when `RDURACK_TRACE_DIR` is."""
     env = os.environ if env is None else env
-    if not env.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
-        return []
-    # Imported only when exporting: the exporter pulls in its own gRPC stubs.
-    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+    found: list[SpanProcessor] = []
+    if env.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
+        # Imported only when exporting: the exporter pulls in its own gRPC stubs.
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
-    return [
-        BatchSpanProcessor(
-            OTLPSpanExporter(),  # endpoint, headers, TLS: from the OTEL_* environment
-            max_queue_size=MAX_QUEUE_SIZE,
-            max_export_batch_size=MAX_EXPORT_BATCH_SIZE,
+        found.append(
+            BatchSpanProcessor(
+                OTLPSpanExporter(),  # endpoint, headers, TLS: from the OTEL_* environment
+                max_queue_size=MAX_QUEUE_SIZE,
+                max_export_batch_size=MAX_EXPORT_BATCH_SIZE,
+            )
         )
-    ]
+    trace_dir = env.get(TRACE_DIR_ENV)
+    if trace_dir:
+        found.append(
+            BatchSpanProcessor(
+                JsonlSpanExporter(trace_dir, service_name),
+                max_queue_size=MAX_QUEUE_SIZE,
+                max_export_batch_size=MAX_EXPORT_BATCH_SIZE,
+                schedule_delay_millis=FILE_SCHEDULE_DELAY_MS,
+            )
+        )
+    return found
 
 
 def configure(service_name: str, *, env_name_wins: bool = True) -> TracerProvider | None:
@@ -57,7 +78,7 @@ def configure(service_name: str, *, env_name_wins: bool = True) -> TracerProvide
         return None
     name = (os.environ.get("OTEL_SERVICE_NAME") if env_name_wins else None) or service_name
     provider = TracerProvider(resource=Resource.create({SERVICE_NAME: name}))
-    for processor in processors():
+    for processor in processors(service_name=name):
         provider.add_span_processor(processor)
     trace.set_tracer_provider(provider)
     # set_tracer_provider refuses a second provider (another thread may have won).

@@ -1,0 +1,599 @@
+"""Pictures of a job and of the paper study, with matplotlib (`rdu plot`,
+`rdu bench paper --plot`).
+
+- `plot_timeline`: a Gantt chart of the sockets' emulated timeline, one row per socket,
+  bars coloured by operation, the x axis in emulated time since the job's first
+  operation (the emulated attributes of the hardware spans, not their wall stamps).
+- `plot_memory`: memory used per tier over emulated time, summed over the job's sockets.
+  The hardware spans carry no tier occupancy today, so it is derived from what they do
+  carry: a bundle deploy's pinned bytes (HBM) and catalog size, each expert switch's
+  loaded bytes and evicted experts. That is the experts' weights only (not the router
+  or the KV cache). A span carrying `rdurack.memory.<tier>.used_bytes` (the socket's
+  tier use after the op; proposed in docs/tracing.md) is used instead, when present.
+- `plot_loss`: a training loss curve from (step, loss) pairs.
+- `plot_paper`: published against predicted for every figure of `rdu bench paper`.
+
+Drawing uses matplotlib's object API on an Agg canvas: no pyplot, no global figure
+state, no display needed.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import textwrap
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from matplotlib.artist import Artist
+from matplotlib.axes import Axes
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
+from matplotlib.ticker import NullFormatter
+
+from rdurack.rack.presets import builtin_platforms
+from rdurack.services.trace_files import Span, TraceError, hardware_spans
+from rdurack.telemetry import names
+from rdurack.workloads.paper import Figure as PaperFigure
+
+DPI = 120
+GB = 1e9
+# Proposed socket attribute (not in telemetry/names.py yet): the tier's used bytes on
+# the socket when the op ended. `plot_memory` prefers it to the derivation.
+TIER_USED_ATTR = "rdurack.memory.{tier}.used_bytes"
+TIERS = ("sram", "hbm", "ddr")
+# Training: the step (as the DDP rank's spans carry it), and a proposed loss attribute.
+STEP_ATTR = "rdurack.train.step"
+LOSS_ATTR = "rdurack.train.loss"  # proposed: the loss after the span's last step
+# The capacity line is drawn when it is at most this many times the peak use; farther
+# off it would squash the data into the bottom of the plot, so it is only named.
+CAPACITY_SHOWN_WITHIN = 6
+
+# Operation kinds, in legend order, with colours a reader tells apart (and that print
+# in grey scale as different shades).
+KIND_COLORS: dict[str, str] = {
+    "bundle deploy": "#7f7f7f",
+    "router": "#9467bd",
+    "expert switch DDR→HBM": "#d62728",
+    "expert switch: HBM hit": "#ff9896",
+    "prefill": "#1f77b4",
+    "decode": "#2ca02c",
+    "train step": "#8c564b",
+    "collective": "#ff7f0e",
+    "generate (functional)": "#17becf",
+}
+_EXTRA_COLORS = ("#bcbd22", "#e377c2", "#aec7e8", "#98df8a", "#c5b0d5", "#c49c94")
+_SOCKET = re.compile(r"^rdu-n(\d+)-s(\d+)$")
+
+
+def op_kind(span: Span) -> str:
+    """What a hardware span did, as the legend names it."""
+    a = span.attributes
+    if span.name == names.SPAN_KERNEL:
+        role = a.get(names.ATTR_KERNEL_ROLE) or a.get(names.ATTR_JOB_PHASE) or "kernel"
+        return {"train": "train step"}.get(str(role), str(role))
+    if span.name == names.SPAN_EXPERT_SWITCH:
+        return "expert switch: HBM hit" if a.get(names.ATTR_SWITCH_HIT) else "expert switch DDR→HBM"
+    if span.name == names.SPAN_DEPLOY:
+        return "bundle deploy"
+    if span.name == names.SPAN_COLLECTIVE:
+        return "collective"
+    if span.name == names.SPAN_GENERATE:
+        return "generate (functional)"
+    # Others by name: rdu.train (a DDP rank's steps) is drawn like a training kernel.
+    kind = span.name.removeprefix("rdu.").replace("_", " ")
+    return {"train": "train step"}.get(kind, kind)
+
+
+def _socket_key(service: str) -> tuple[int, int, str]:
+    m = _SOCKET.match(service)
+    return (int(m.group(1)), int(m.group(2)), "") if m else (1 << 30, 0, service)
+
+
+@dataclass(frozen=True)
+class TimeUnit:
+    name: str
+    ns: float  # nanoseconds per unit
+
+    @classmethod
+    def for_extent(cls, extent_ns: float) -> TimeUnit:
+        """µs below 2 ms, ms below 2 s, else s: axis numbers stay short."""
+        if extent_ns < 2e6:
+            return cls("µs", 1e3)
+        if extent_ns < 2e9:
+            return cls("ms", 1e6)
+        return cls("s", 1e9)
+
+
+def _save(fig: Figure, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    FigureCanvasAgg(fig)  # attaches the Agg canvas; savefig renders through it
+    fig.savefig(path, dpi=DPI)
+    return path
+
+
+def _describe(spans: Sequence[Span]) -> str:
+    """'llama2-7b on sn40l-rack16' from the spans' model and platform attributes."""
+    model = next(
+        (s.attributes[names.ATTR_JOB_MODEL] for s in spans if names.ATTR_JOB_MODEL in s.attributes),
+        "",
+    )
+    platform = next(
+        (s.attributes[names.ATTR_PLATFORM] for s in spans if names.ATTR_PLATFORM in s.attributes),
+        "",
+    )
+    return " on ".join(str(x) for x in (model, platform) if x)
+
+
+# ------------------------------------------------------------------ the timeline
+
+
+def plot_timeline(spans: Sequence[Span], job_id: str, path: Path) -> Path:
+    """A Gantt chart of the job's hardware spans; raises TraceError if it has none."""
+    ops = hardware_spans(spans)
+    if not ops:
+        raise TraceError(f"job {job_id} has no hardware spans (rdu.*) to draw a timeline of")
+    t0 = min(s.emulated_start_ns for s in ops)
+    extent = max(max(s.emulated_end_ns for s in ops) - t0, 1)
+    unit = TimeUnit.for_extent(extent)
+    sockets = sorted({s.service for s in ops}, key=_socket_key)
+    row = {sid: i for i, sid in enumerate(sockets)}
+    kinds = _kinds(op_kind(s) for s in ops)
+    colors = _colors(kinds)
+
+    fig = Figure(figsize=(12, max(3.2, 0.42 * len(sockets) + 2.0)), layout="constrained")
+    ax = fig.add_subplot()
+    # Ops narrower than this many ns would be invisible as bars: they are drawn as ticks.
+    thin = extent / 1500
+    for kind in kinds:
+        bars: dict[int, list[tuple[float, float]]] = {}
+        ticks_x: list[float] = []
+        ticks_y: list[float] = []
+        for s in ops:
+            if op_kind(s) != kind:
+                continue
+            start = (s.emulated_start_ns - t0) / unit.ns
+            width = (s.emulated_end_ns - s.emulated_start_ns) / unit.ns
+            if width * unit.ns < thin:
+                ticks_x.append(start)
+                ticks_y.append(row[s.service])
+            else:
+                bars.setdefault(row[s.service], []).append((start, width))
+        for y, xs in bars.items():
+            # A thin white edge parts back-to-back ops of one kind.
+            ax.broken_barh(
+                xs, (y - 0.38, 0.76), facecolors=colors[kind], edgecolor="white", linewidth=0.4
+            )
+        if ticks_x:
+            ax.plot(
+                ticks_x,
+                ticks_y,
+                linestyle="none",
+                marker="|",
+                markersize=14,
+                markeredgewidth=1.6,
+                color=colors[kind],
+                zorder=3,
+            )
+    ax.set_yticks(range(len(sockets)), sockets)
+    ax.set_ylim(len(sockets) - 0.5, -0.5)  # the first socket on top
+    # A margin on the left: a tick at 0 (a deploy) is not hidden by the axis.
+    ax.set_xlim(-extent / unit.ns * 0.005, extent / unit.ns * 1.01)
+    ax.set_xlabel(f"emulated time since the job's first operation ({unit.name})")
+    ax.grid(axis="x", alpha=0.3)
+    ax.set_axisbelow(True)
+    what = _describe(ops)
+    ax.set_title(
+        f"Job {job_id}: what each socket did, on the emulated timeline\n"
+        f"{what + ', ' if what else ''}{len(sockets)} sockets, {len(ops)} operations, "
+        f"{extent / unit.ns:.4g} {unit.name} emulated",
+        loc="left",
+    )
+    handles: list[Artist] = [Patch(facecolor=colors[k], label=k) for k in kinds]
+    if any((s.emulated_end_ns - s.emulated_start_ns) < thin for s in ops):  # say what a tick means
+        handles.append(
+            Line2D(
+                [],
+                [],
+                linestyle="none",
+                marker="|",
+                markersize=12,
+                color="black",
+                label=f"tick: shorter than {_duration(thin)}",
+            )
+        )
+    fig.legend(handles=handles, loc="outside right upper", title="operation", frameon=False)
+    return _save(fig, path)
+
+
+def _duration(ns: float) -> str:
+    unit = TimeUnit.for_extent(ns * 2)  # 1.5 ms, not 0.0015 s
+    return f"{ns / unit.ns:.3g} {unit.name}"
+
+
+def _kinds(found: Iterable[str]) -> list[str]:
+    """The kinds present, known ones in legend order, then the others by name."""
+    present = set(found)
+    return [k for k in KIND_COLORS if k in present] + sorted(present - set(KIND_COLORS))
+
+
+def _colors(kinds: Sequence[str]) -> dict[str, str]:
+    extra = iter(_EXTRA_COLORS * (1 + len(kinds) // len(_EXTRA_COLORS)))
+    return {k: KIND_COLORS.get(k) or next(extra) for k in kinds}
+
+
+# ------------------------------------------------------------------ memory
+
+
+@dataclass(frozen=True)
+class MemorySeries:
+    """Bytes used per tier over emulated time (ns since the job's first op), summed
+    over the sockets, as steps: (time, bytes from then on)."""
+
+    tiers: dict[str, list[tuple[int, int]]]
+    sockets: int
+    end_ns: int
+    source: str  # how the numbers were obtained (shown under the plot)
+    labels: dict[str, str] = field(default_factory=dict)  # per tier: what the line is
+
+
+def memory_series(spans: Sequence[Span]) -> MemorySeries | None:
+    """Tier use over time from the job's hardware spans; None when the spans say
+    nothing about memory (a kernel job: its weights and KV cache are not in spans)."""
+    ops = sorted(hardware_spans(spans), key=lambda s: (s.emulated_start_ns, s.emulated_end_ns))
+    if not ops:
+        return None
+    t0 = min(s.emulated_start_ns for s in ops)
+    end = max(s.emulated_end_ns for s in ops) - t0
+    sockets = {s.service for s in ops}
+    reported = [t for t in TIERS if any(TIER_USED_ATTR.format(tier=t) in s.attributes for s in ops)]
+    if reported:
+        # Each socket's last reported value holds until its next report.
+        tiers: dict[str, list[tuple[int, int]]] = {}
+        for tier in reported:
+            key = TIER_USED_ATTR.format(tier=tier)
+            events = [
+                (s.emulated_end_ns - t0, s.service, int(s.attributes[key]))
+                for s in ops
+                if key in s.attributes
+            ]
+            last: dict[str, int] = {}
+            steps: list[tuple[int, int]] = [(0, 0)]
+            for t, sid, used in sorted(events):
+                last[sid] = used
+                steps.append((t, sum(last.values())))
+            tiers[tier] = steps
+        return MemorySeries(tiers, len(sockets), end, "the sockets' reported tier use")
+    deltas: dict[str, list[tuple[int, int]]] = {"hbm": [], "ddr": []}
+    for sid in sockets:
+        mine = [s for s in ops if s.service == sid]
+        switches = [s for s in mine if s.name == names.SPAN_EXPERT_SWITCH]
+        loaded = [int(s.attributes.get(names.ATTR_BYTES, 0)) for s in switches]
+        # Every expert of a bundle is the same model: one loaded share sizes them all.
+        share = max(loaded, default=0)
+        for s in mine:
+            start, stop = s.emulated_start_ns - t0, s.emulated_end_ns - t0
+            if s.name == names.SPAN_DEPLOY:
+                pinned = int(s.attributes.get(names.ATTR_BYTES, 0))
+                experts = int(s.attributes.get(names.ATTR_EXPERTS, 0))
+                deltas["hbm"].append((stop, pinned))
+                if share:
+                    deltas["ddr"].append((start, experts * share))
+            elif s.name == names.SPAN_EXPERT_SWITCH and not s.attributes.get(names.ATTR_SWITCH_HIT):
+                evicted = s.attributes.get(names.ATTR_EVICTED) or []
+                deltas["hbm"].append((start, -share * len(evicted)))
+                deltas["hbm"].append((stop, int(s.attributes.get(names.ATTR_BYTES, 0))))
+    if not any(deltas.values()):
+        return None
+    tiers = {}
+    for tier, changes in deltas.items():
+        if not changes:
+            continue
+        total = 0
+        steps = [(0, 0)]
+        for t, delta in sorted(changes):
+            total += delta
+            steps.append((t, total))
+        tiers[tier] = steps
+    return MemorySeries(
+        tiers,
+        len(sockets),
+        end,
+        "derived from deploy and expert-switch spans: expert weights only "
+        "(the router and the KV cache are not in the spans)",
+        {"hbm": "experts' weights in HBM", "ddr": "expert catalog in DDR"},
+    )
+
+
+def _capacity(spans: Sequence[Span], tier: str, sockets: int) -> int | None:
+    """The tier's capacity over `sockets` sockets of the platform the spans name."""
+    platform = next(
+        (
+            str(s.attributes[names.ATTR_PLATFORM])
+            for s in spans
+            if names.ATTR_PLATFORM in s.attributes
+        ),
+        None,
+    )
+    spec = builtin_platforms().get(platform or "")
+    if spec is None:
+        return None
+    memory = {"sram": spec.socket.sram, "hbm": spec.socket.hbm, "ddr": spec.socket.ddr}[tier]
+    return int(memory.capacity_bytes) * sockets
+
+
+def plot_memory(spans: Sequence[Span], job_id: str, path: Path) -> Path | None:
+    """Memory per tier over emulated time; None (nothing written) when the spans hold
+    no memory data."""
+    series = memory_series(spans)
+    if series is None:
+        return None
+    unit = TimeUnit.for_extent(max(series.end_ns, 1))
+    tiers = [t for t in TIERS if t in series.tiers]
+    fig = Figure(figsize=(12, 2.2 + 2.2 * len(tiers)), layout="constrained")
+    axes: list[Axes] = []
+    for i in range(len(tiers)):
+        axes.append(fig.add_subplot(len(tiers), 1, i + 1, sharex=axes[0] if axes else None))
+    for ax, tier in zip(axes, tiers, strict=True):
+        steps = series.tiers[tier] + [(series.end_ns, series.tiers[tier][-1][1])]
+        xs = [t / unit.ns for t, _ in steps]
+        ys = [b / GB for _, b in steps]
+        color = {"hbm": "#1f77b4", "ddr": "#8c564b", "sram": "#2ca02c"}[tier]
+        ax.step(
+            xs,
+            ys,
+            where="post",
+            color=color,
+            linewidth=2,
+            label=series.labels.get(tier, f"{tier.upper()} used"),
+        )
+        ax.fill_between(xs, ys, step="post", color=color, alpha=0.15)
+        capacity = _capacity(spans, tier, series.sockets)
+        top = max(ys) if ys else 0.0
+        if capacity is not None:
+            ax.axhline(
+                capacity / GB,
+                color="black",
+                linestyle="--",
+                linewidth=1,
+                label=f"{tier.upper()} capacity ({capacity / GB:,.0f} GB)",
+            )
+            # Keep the data readable: show the capacity line only when it is near.
+            if capacity / GB > CAPACITY_SHOWN_WITHIN * max(top, 1e-9):
+                ax.lines[-1].remove()
+                ax.text(
+                    0.99,
+                    0.95,
+                    f"capacity {capacity / GB:,.0f} GB (off the scale)",
+                    transform=ax.transAxes,
+                    ha="right",
+                    va="top",
+                    fontsize=9,
+                )
+        if capacity is None or capacity / GB > CAPACITY_SHOWN_WITHIN * top:
+            ax.set_ylim(0, max(top * 1.2, 1e-3))
+        else:
+            ax.set_ylim(0, capacity / GB * 1.05)
+        ax.set_ylabel(f"{tier.upper()} (GB)")
+        ax.set_xlim(0, series.end_ns / unit.ns * 1.01)
+        ax.grid(alpha=0.3)
+        ax.legend(loc="lower right", frameon=False)
+    axes[-1].set_xlabel(f"emulated time since the job's first operation ({unit.name})")
+    axes[0].set_title(
+        f"Job {job_id}: memory used per tier, summed over its {series.sockets} sockets\n"
+        f"{series.source}",
+        loc="left",
+    )
+    return _save(fig, path)
+
+
+# ------------------------------------------------------------------ training loss
+
+
+def loss_points(result: Mapping[str, Any] | None) -> list[tuple[int, float]]:
+    """(step, loss) pairs from a job result (`rdu job ID --json`): a `losses` list, per
+    step from step 1, or a list of {"step", "loss"} objects or [step, loss] pairs.
+    Empty when there are none."""
+    if not result:
+        return []
+    raw = result.get("losses") or result.get("loss_curve") or []
+    points: list[tuple[int, float]] = []
+    for i, item in enumerate(raw):
+        if isinstance(item, int | float) and not isinstance(item, bool):
+            points.append((i + 1, float(item)))
+        elif isinstance(item, Mapping) and "loss" in item:
+            points.append((int(item.get("step", i + 1)), float(item["loss"])))
+        elif isinstance(item, Sequence) and len(item) == 2:
+            points.append((int(item[0]), float(item[1])))
+    return [(s, x) for s, x in points if math.isfinite(x)]
+
+
+def span_loss_points(spans: Sequence[Span]) -> list[tuple[int, float]]:
+    """(step, loss) pairs from hardware spans carrying `rdurack.train.loss` and
+    `rdurack.train.step` (proposed: the training spans carry the step, not yet the
+    loss). Each DDP rank reports its local batch's loss; with equal local batches their
+    mean is the global batch's loss, so a step's loss is the mean over its ranks."""
+    by_step: dict[int, list[float]] = {}
+    for s in hardware_spans(spans):
+        if LOSS_ATTR in s.attributes and STEP_ATTR in s.attributes:
+            loss = float(s.attributes[LOSS_ATTR])
+            if math.isfinite(loss):
+                by_step.setdefault(int(s.attributes[STEP_ATTR]), []).append(loss)
+    return [(step, sum(xs) / len(xs)) for step, xs in sorted(by_step.items())]
+
+
+def plot_loss(points: Sequence[tuple[int, float]], job_id: str, path: Path) -> Path | None:
+    """The loss per optimizer step; None (nothing written) without points."""
+    if not points:
+        return None
+    steps = [s for s, _ in points]
+    losses = [x for _, x in points]
+    fig = Figure(figsize=(8, 4.5), layout="constrained")
+    ax = fig.add_subplot()
+    ax.plot(
+        steps,
+        losses,
+        marker="o" if len(points) <= 60 else None,
+        markersize=3,
+        color="#1f77b4",
+        linewidth=1.5,
+    )
+    positive = all(x > 0 for x in losses)
+    if positive and max(losses) / min(losses) > 100:
+        ax.set_yscale("log")  # losses that fall by decades
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("loss")
+    ax.grid(alpha=0.3)
+    ax.set_title(
+        f"Job {job_id}: training loss, {len(points)} steps ({losses[0]:.4g} → {losses[-1]:.4g})",
+        loc="left",
+    )
+    return _save(fig, path)
+
+
+# ------------------------------------------------------------------ the paper
+
+
+def _paper_label(f: PaperFigure) -> str:
+    """'what it is [where from]', wrapped: the figure's source up to its first ':' or
+    '(' (the table of `rdu bench paper` has the whole of it)."""
+    where = re.split(r"[:(]", f.source, maxsplit=1)[0].strip()
+    return textwrap.fill(f"{f.what} [{where}]", 56)
+
+
+def plot_paper(figures: Sequence[PaperFigure], path: Path) -> Path:
+    """Published against predicted: value figures as predicted/published with the ±15%
+    band, range figures as the published range beside the predicted one, yes/no figures
+    as a list. Green: reproduced; red: missed; hollow markers: fitted figures."""
+    values = [f for f in figures if not isinstance(f.published, bool | tuple)]
+    ranges = [f for f in figures if isinstance(f.published, tuple)]
+    flags = [f for f in figures if isinstance(f.published, bool)]
+    rows = len(values) + len(ranges)
+    fig = Figure(figsize=(13, 2.8 + 0.42 * rows + 0.22 * len(flags)), layout="constrained")
+    grid = fig.add_gridspec(
+        3,
+        1,
+        height_ratios=[max(len(values), 1), max(len(ranges), 1) + 0.6, 0.35 * len(flags) + 0.6],
+    )
+    ok_color, miss_color = "#2ca02c", "#d62728"
+
+    ax = fig.add_subplot(grid[0])
+    ax.axvspan(0.85, 1.15, color=ok_color, alpha=0.12, label="±15%: reproduced")
+    ax.axvline(1.0, color="black", linewidth=0.8)
+    for y, f in enumerate(values):
+        assert isinstance(f.published, int | float) and isinstance(f.predicted, int | float)
+        ratio = f.predicted / f.published
+        color = ok_color if f.ok else miss_color
+        ax.plot(
+            [ratio],
+            [y],
+            marker="o",
+            markersize=8,
+            color=color,
+            markerfacecolor="white" if f.fitted else color,
+        )
+        unit = f" {f.unit}" if f.unit and f.unit != "x" else ("×" if f.unit == "x" else "")
+        ax.text(
+            1.3, y, f"{f.published:.3g}{unit} → {f.predicted:.3g}{unit}", va="center", fontsize=9
+        )
+    ax.set_yticks(range(len(values)), [_paper_label(f) for f in values], fontsize=9)
+    ax.set_ylim(len(values) - 0.5, -0.5)
+    ax.set_xlim(0.6, 1.75)
+    ax.set_xlabel("predicted / published  (text: published → predicted)")
+    ax.set_title("Value figures: predicted relative to published", loc="left")
+    ax.grid(axis="x", alpha=0.3)
+    ax.legend(
+        handles=[
+            Patch(facecolor=ok_color, alpha=0.3, label="±15% band"),
+            Line2D([], [], marker="o", linestyle="none", color=ok_color, label="reproduced"),
+            Line2D([], [], marker="o", linestyle="none", color=miss_color, label="missed"),
+            Line2D(
+                [],
+                [],
+                marker="o",
+                linestyle="none",
+                color="grey",
+                markerfacecolor="white",
+                label="fitted (a consistency check)",
+            ),
+        ],
+        loc="upper left",
+        bbox_to_anchor=(1.0, 1.0),
+        fontsize=9,
+        frameon=False,
+    )
+
+    ax = fig.add_subplot(grid[1])
+    for y, f in enumerate(ranges):
+        assert isinstance(f.published, tuple) and isinstance(f.predicted, tuple)
+        color = ok_color if f.ok else miss_color
+        lo, hi = f.published
+        ax.plot([lo, hi], [y - 0.12] * 2, color="#999999", linewidth=9, solid_capstyle="butt")
+        plo, phi = f.predicted
+        ax.plot(
+            [plo, phi],
+            [y + 0.14] * 2,
+            color=color,
+            linewidth=4,
+            solid_capstyle="butt",
+            marker="|",
+            markersize=10,
+        )
+        ax.text(
+            max(hi, phi) * 1.08,
+            y,
+            f"{lo:.3g}–{hi:.3g} → {plo:.3g}–{phi:.3g}{f.unit}",
+            va="center",
+            fontsize=9,
+        )
+    ax.set_yticks(range(len(ranges)), [_paper_label(f) for f in ranges], fontsize=9)
+    ax.set_ylim(len(ranges) - 0.4, -0.6)
+    ax.set_xscale("log")
+    bounds = [
+        (min(f.published[0], f.predicted[0]), max(f.published[1], f.predicted[1]))
+        for f in ranges
+        if isinstance(f.published, tuple) and isinstance(f.predicted, tuple)
+    ] or [(1.0, 1.0)]
+    lows, highs = [lo for lo, _ in bounds], [hi for _, hi in bounds]
+    ax.set_xlim(min(lows) / 1.3, max(highs) * 2.5)  # room for the text beside the bars
+    lo_x, hi_x = min(lows) / 1.3, max(highs) * 2.5
+    # Plain numbers, not powers of ten: the ratios are read as "3x", not "10^0.5".
+    ticks = [t for t in (0.5, 1, 2, 3, 5, 10, 20, 50, 100) if lo_x <= t <= hi_x]
+    ax.set_xticks(ticks, [f"{t:g}" for t in ticks])
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.set_xlabel("value (log scale)")
+    ax.set_title(
+        "Range figures: published range (grey) and the predicted range (green inside, red not)",
+        loc="left",
+    )
+    ax.grid(axis="x", which="both", alpha=0.3)
+
+    ax = fig.add_subplot(grid[2])
+    ax.axis("off")
+    lines = [
+        f"{'✓' if f.ok else '✗'}  {f.what}: published {'yes' if f.published else 'no'}, "
+        f"predicted {'yes' if f.predicted else 'no'}"
+        for f in flags
+    ]
+    ax.text(
+        0,
+        1,
+        "Yes/no figures\n" + "\n".join(lines),
+        va="top",
+        ha="left",
+        fontsize=9,
+        transform=ax.transAxes,
+    )
+    ok = sum(f.ok for f in figures)
+    fig.suptitle(
+        f"rdu bench paper: {ok} of {len(figures)} published figures reproduced from one "
+        "parameter set",
+        x=0.01,
+        ha="left",
+        fontsize=13,
+    )
+    return _save(fig, path)
