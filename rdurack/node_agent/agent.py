@@ -32,6 +32,7 @@ from rdurack.rack.topology import SocketId
 from rdurack.telemetry import names
 from rdurack.telemetry.propagation import inject
 from rdurack.workloads.program import Op, ProgramRun
+from rdurack.workloads.training.job import RankReport, TrainingWorkload
 
 
 @dataclass(frozen=True)
@@ -104,9 +105,11 @@ class NodeAgent:
     def addresses(self) -> dict[str, str]:
         return dict(self._addresses)
 
-    def connect(self, peers: dict[str, str]) -> None:
-        """Tell every local socket the link addresses of `peers` (its own node included)."""
-        self._get([a.connect.remote(peers) for a in self._actors.values()], "connect")
+    def connect(self, peers: dict[str, str], socket_ids: Sequence[str] | None = None) -> None:
+        """Tell local sockets (`socket_ids`, default all) the link addresses of `peers`
+        (its own node included). A job tells only its own sockets: another may be dead."""
+        targets = [self._actor(s) for s in socket_ids] if socket_ids else self._actors.values()
+        self._get([a.connect.remote(peers) for a in targets], "connect")
 
     # ------------------------------------------------------------------ status
 
@@ -239,6 +242,51 @@ class NodeAgent:
                 for sid in group
             ]
             return self._get(refs, f"program of job {job_id}")
+
+    def train(
+        self,
+        job_id: str,
+        socket_ids: Sequence[str],
+        workload: TrainingWorkload,
+        group: Sequence[str],
+        *,
+        platform_name: str = "",
+        steps: int = 0,
+        start_ns: int | None = None,
+        checkpoint_dir: str = "",
+    ) -> list[RankReport]:
+        """Run up to `steps` more steps on this node's ranks of a DDP job; `group` is
+        every rank, across nodes, in rank order."""
+        local = [s for s in socket_ids if s in self._actors]
+        if not local:
+            raise InvalidRequest(
+                f"none of {list(socket_ids)} is a socket of node {self.node_index}"
+            )
+        with self._tracer.start_as_current_span(
+            names.SPAN_NODE_TRAIN,
+            attributes={
+                names.ATTR_JOB_ID: job_id,
+                names.ATTR_NODE: self.node_index,
+                names.ATTR_SOCKETS: local,
+                names.ATTR_STEPS: steps,
+            },
+        ):
+            carrier = inject()
+            refs = [
+                self._actor(sid).train.remote(
+                    job_id,
+                    workload,
+                    list(group),
+                    platform_name=platform_name,
+                    steps=steps,
+                    start_ns=start_ns,
+                    checkpoint_dir=checkpoint_dir,
+                    loop=workload.loop,
+                    carrier=carrier,
+                )
+                for sid in local
+            ]
+            return self._get(refs, f"training of job {job_id}")
 
     # ------------------------------------------------------------------ tensors (functional)
 

@@ -22,6 +22,7 @@ from opentelemetry import trace
 from opentelemetry.util.types import AttributeValue
 
 from rdurack.node_agent.link_server import LinkEndpoint, OutgoingTransfer
+from rdurack.node_agent.rank import RankRunner
 from rdurack.rack.clock import EmulatedClock
 from rdurack.rack.collectives import (
     WHOLE,
@@ -47,6 +48,7 @@ from rdurack.workloads.bundle import BundleShare, ProgramRunner
 from rdurack.workloads.predictor import Predictor
 from rdurack.workloads.program import Deploy, Generate, Kernel, Op, OpRun, ProgramRun, Switch
 from rdurack.workloads.tiny_lm import TinyLM, TinyLMConfig, TinyLMShard, generate
+from rdurack.workloads.training.job import RankReport, TrainingWorkload
 
 COLLECTIVE_OPS = ("all_reduce", "broadcast", "all_gather", "barrier", "send")
 
@@ -121,6 +123,7 @@ class Socket:
         self._program: ProgramRunner | None = None
         self._shards: dict[str, TinyLMShard] = {}
         self._collectives = 0  # functional generate: all-reduces so far (their tags)
+        self._trainer: RankRunner | None = None  # the running job's DDP rank
 
     # ------------------------------------------------------------------ identity, links
 
@@ -135,7 +138,11 @@ class Socket:
 
     def state(self) -> SocketState:
         # A job that loaded another platform's spec (a DGX) shows that memory.
-        memory = self._program.memory if self._program is not None else self.memory
+        memory = self.memory
+        if self._program is not None:
+            memory = self._program.memory
+        elif self._trainer is not None:
+            memory = self._trainer.memory
         snap = memory.snapshot()
         return SocketState(
             socket_id=self.name,
@@ -173,6 +180,9 @@ class Socket:
         self._program = None
         self._shards = {}
         self._collectives = 0
+        if self._trainer is not None:
+            self._trainer.close()
+            self._trainer = None
         return True
 
     def _hold(self, job_id: str) -> None:
@@ -328,30 +338,66 @@ class Socket:
             seed = share.op.expert_seeds[experts.index(op.expert)]
             model = TinyLM(TinyLMConfig(), seed)
             self._shards[op.expert] = model.shard(group.index(self.name), len(group))
-        members = [SocketId.parse(g) for g in group]
-        clock, links = self.clock, self._links
-        self.clock, self._links = EmulatedClock(clock.now_ns), Links(self.topology)
+        scratch = EmulatedClock(self.clock.now_ns)
 
         def all_reduce(partial: np.ndarray) -> np.ndarray:
             # Ring: every rank gets bitwise the same sum, so their argmaxes agree.
             buffer = np.array(partial, dtype=np.float64, copy=True).reshape(-1)
-            schedule = all_reduce_schedule(
-                self.topology, members, buffer.size, buffer.itemsize, Algorithm.RING
-            )
             self._collectives += 1
             tag = f"{job_id}/generate/{self._collectives}"
-            try:
-                self._execute(tag, schedule, buffer, members, "all_reduce")
-            except LinkFailure:
-                self._endpoint.mailbox.discard(tag)
-                raise
+            self.exchange(tag, "all_reduce", group, buffer, clock=scratch, scratch_links=True)
             return buffer.reshape(partial.shape)
 
-        try:
-            tokens = generate(self._shards[op.expert], op.prompt, op.max_new_tokens, all_reduce)
-        finally:
-            self.clock, self._links = clock, links
+        tokens = generate(self._shards[op.expert], op.prompt, op.max_new_tokens, all_reduce)
         return tuple(tokens)
+
+    # ------------------------------------------------------------------ training
+
+    def train(
+        self,
+        job_id: str,
+        workload: TrainingWorkload,
+        group: list[str],
+        *,
+        platform_name: str = "",
+        steps: int = 0,
+        start_ns: int | None = None,
+        checkpoint_dir: str = "",
+        loop: bytes = b"",
+        carrier: dict[str, str] | None = None,
+    ) -> RankReport:
+        """Run up to `steps` more steps (0: to the end) of this socket's DDP rank of
+        `group` (socket ids in rank order, across nodes). The first call starts the
+        rank; later calls continue it. A span covers each segment."""
+        self._hold(job_id)
+        if self._trainer is None or self._trainer.job_id != job_id:
+            self._trainer = RankRunner(
+                self, job_id, workload, platform_name, group, self._models, checkpoint_dir, loop
+            )
+        began = max(self.clock.now_ns, start_ns or 0)
+        saved, self.timeout_s = self.timeout_s, workload.wall_timeout_s  # a dead peer
+        try:
+            report = self._trainer.advance(steps, start_ns)
+        finally:
+            self.timeout_s = saved
+        segment = OpRun(began, report.end_ns)
+        self._span(
+            names.SPAN_TRAIN,
+            carrier,
+            job_id,
+            segment,
+            {
+                names.ATTR_RANK: report.rank,
+                names.ATTR_STEPS: len(report.losses),
+                names.ATTR_STEP: report.step,
+                names.ATTR_JOB_MODEL: workload.model,
+                names.ATTR_ALLREDUCE_NS: report.all_reduce_ns,
+                names.ATTR_EXPOSED_NS: report.exposed_ns,
+                names.ATTR_HBM_BYTES: report.hbm_peak_bytes,
+            },
+        )
+        self._pace()
+        return report
 
     def _span(
         self,
@@ -472,6 +518,44 @@ class Socket:
             },
         )
         return run
+
+    def exchange(
+        self,
+        tag: str,
+        op: str,
+        group: list[str],
+        buffer: np.ndarray | None = None,
+        *,
+        nbytes: int = 0,
+        itemsize: int = 4,
+        root: str | None = None,
+        clock: EmulatedClock | None = None,
+        scratch_links: bool = False,
+    ) -> np.ndarray | None:
+        """A ring collective on a raw buffer, in place (timing mode: `nbytes` of
+        `itemsize`, no buffer), for code running inside this socket (a training rank).
+        `clock`: the stream it runs on (default: the socket's clock); `scratch_links`:
+        link busy times it leaves no trace of (bookkeeping exchanges that the emulated
+        hardware does not make). Returns the result buffer (all-gather's is new)."""
+        members = [SocketId.parse(g) for g in group]
+        elements = buffer.size if buffer is not None else nbytes // itemsize
+        size = buffer.itemsize if buffer is not None else itemsize
+        schedule = self._schedule(op, members, elements, size, root, "ring")
+        if buffer is not None:
+            buffer = self._gather_buffer(buffer, members) if op == "all_gather" else buffer
+        saved = self.clock, self._links
+        if clock is not None:
+            self.clock = clock
+        if scratch_links:
+            self._links = Links(self.topology)
+        try:
+            self._execute(tag, schedule, buffer, members, op)
+        except LinkFailure:
+            self._endpoint.mailbox.discard(tag)
+            raise
+        finally:
+            self.clock, self._links = saved
+        return buffer
 
     def _schedule(
         self,

@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from rdurack.orchestrator.gateway import NodeGateway
+from rdurack.orchestrator.platforms import job_platform
 from rdurack.rack.errors import InvalidRequest, OneProcessPerSocket, UnknownName
 from rdurack.rack.models import ModelSpec
-from rdurack.rack.presets import builtin_platforms
 from rdurack.rack.spec import PlatformSpec
 from rdurack.rack.topology import SocketId
 from rdurack.workloads.coe import check_functional
@@ -25,29 +25,12 @@ from rdurack.workloads.router import Router
 FIELD = "spec.coe_inference"
 
 
-def coe_platform(rack: PlatformSpec, name: str) -> PlatformSpec:
-    """The platform a CoE job emulates: the rack's own, or another platform's node
-    (a DGX) emulated on one rack node's socket actors."""
-    if name == rack.name:
-        return rack
-    platforms = builtin_platforms()
-    if name not in platforms:
-        raise UnknownName("platform", name, [rack.name, *sorted(platforms)])
-    other = platforms[name]
-    if other.node.sockets != rack.node.sockets:
-        raise InvalidRequest(
-            f"spec.platform: a {name} node has {other.node.sockets} sockets; this rack emulates "
-            f"another platform's node on one of its {rack.node.sockets}-socket nodes"
-        )
-    return other
-
-
 def validate_coe(
     w: CoeWorkload, rack: PlatformSpec, platform_name: str, functional: bool,
     models: dict[str, ModelSpec],
 ) -> None:  # fmt: skip
     """Refuse, before storing, a CoE job that could never run."""
-    platform = coe_platform(rack, platform_name)
+    platform = job_platform(rack, platform_name)
     node = rack.node.sockets
     tp = w.tensor_parallel or platform.node.sockets
     if tp > node:

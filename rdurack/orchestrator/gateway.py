@@ -9,6 +9,7 @@ from typing import Protocol
 
 from rdurack.orchestrator.jobs import KernelWorkload
 from rdurack.workloads.program import Op, ProgramRun
+from rdurack.workloads.training.job import RankReport, TrainingWorkload
 
 
 @dataclass(frozen=True)
@@ -80,4 +81,22 @@ class NodeGateway(Protocol):
     ) -> list[ProgramRun]:
         """Run a program on a TP group of one node (`sockets`, rank order) from
         `start_ns`; one ProgramRun per socket, in `sockets` order."""
+        ...
+
+    def train(
+        self,
+        node: int,
+        job_id: str,
+        sockets: Sequence[str],
+        workload: TrainingWorkload,
+        group: Sequence[tuple[str, str]],
+        *,
+        platform_name: str = "",
+        steps: int = 0,
+        start_ns: int = 0,
+        checkpoint_dir: str = "",
+    ) -> list[RankReport]:
+        """Run up to `steps` more steps (0: to the end) on this node's ranks (`sockets`)
+        of a DDP job whose ranks, in order, are `group` (socket id, link address);
+        `start_ns` (first call) is the job's emulated start. One report per socket."""
         ...

@@ -24,6 +24,7 @@ from rdurack.rack.errors import InvalidRequest, RdurackError
 from rdurack.rack.kernels import FusionPlan, Phase
 from rdurack.rack.spec import Config
 from rdurack.workloads.coe_spec import CoeWorkload
+from rdurack.workloads.training.job import TrainingWorkload
 
 
 class JobState(StrEnum):
@@ -85,8 +86,8 @@ class KernelWorkload(Config):
     output_tokens: int = Field(default=1, gt=0, le=1 << 20)  # decode: tokens generated
 
 
-# The kinds are the proto's JobSpec oneof names; DDP training adds its kind here.
-Workload = Annotated[KernelWorkload | CoeWorkload, Field(discriminator="kind")]
+# The kinds are the proto's JobSpec oneof names.
+Workload = Annotated[KernelWorkload | CoeWorkload | TrainingWorkload, Field(discriminator="kind")]
 
 
 class JobSpec(Config):

@@ -16,21 +16,26 @@ made, so the job's trace reaches the node agents.
 from __future__ import annotations
 
 import contextvars
+import functools
 import logging
+import math
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any, Literal
 
 from opentelemetry import trace
 
-from rdurack.orchestrator.coe_job import GatewayReplicas, coe_platform, replica_groups, validate_coe
+from rdurack.orchestrator.coe_job import GatewayReplicas, replica_groups, validate_coe
 from rdurack.orchestrator.gateway import KernelRun, NodeGateway, NodeView
 from rdurack.orchestrator.jobs import IllegalTransition, Job, JobSpec, JobState, KernelWorkload
+from rdurack.orchestrator.platforms import job_platform
 from rdurack.orchestrator.scheduler import Scheduler
 from rdurack.orchestrator.store import Event, JobStore
+from rdurack.orchestrator.training_job import training_result, validate_training
 from rdurack.rack.errors import InvalidRequest, LinkFailure, RdurackError, SocketBusy
 from rdurack.rack.kernels import Phase, step
 from rdurack.rack.models import builtin_models
@@ -41,6 +46,7 @@ from rdurack.workloads.coe import CoeEngine, CoeOutOfMemory
 from rdurack.workloads.coe_spec import CoeWorkload, build_requests
 from rdurack.workloads.predictor import Predictor
 from rdurack.workloads.router import Router
+from rdurack.workloads.training.job import TrainingWorkload, ranks_of
 
 log = logging.getLogger(__name__)
 ACTIVE = (JobState.SCHEDULED, JobState.RUNNING)
@@ -57,9 +63,12 @@ class Orchestrator:
         max_attempts: int = 3,
         progress_chunks: int = 10,
         poll_s: float = 0.5,
+        checkpoint_dir: Path | None = None,
         tracer_provider: trace.TracerProvider | None = None,
     ) -> None:
-        """`tracer_provider`: where its spans go (default: the process's global one)."""
+        """`checkpoint_dir`: where training jobs checkpoint (a directory per job), on a
+        filesystem every node agent sees; None: training jobs do not checkpoint.
+        `tracer_provider`: where its spans go (default: the process's global one)."""
         self.store = store
         self.gateway = gateway
         self.platform = platform
@@ -67,6 +76,7 @@ class Orchestrator:
         self.max_attempts = max_attempts
         self.progress_chunks = progress_chunks
         self.poll_s = poll_s
+        self.checkpoint_dir = checkpoint_dir
         self.scheduler = Scheduler(platform.nodes, platform.node.sockets)
         self.predictor = Predictor(platform)
         self.models = builtin_models()
@@ -108,6 +118,11 @@ class Orchestrator:
             validate_coe(
                 w, self.platform, spec.platform, spec.payload_mode == "functional", self.models
             )
+            self.scheduler.check(spec)
+            return
+        if isinstance(w, TrainingWorkload):
+            platform = job_platform(self.platform, spec.platform)
+            validate_training(w, platform, spec.payload_mode == "functional", self.models)
             self.scheduler.check(spec)
             return
         if spec.platform != self.platform.name:
@@ -280,11 +295,13 @@ class Orchestrator:
         nodes = self._by_node(job.sockets)
         w = job.spec.workload
         links = [trace.Link(placed_by)] if placed_by is not None and placed_by.is_valid else []
-        what = (
-            {names.ATTR_JOB_MODEL: w.expert_model, names.ATTR_PLATFORM: job.spec.platform}
-            if isinstance(w, CoeWorkload)
-            else {names.ATTR_JOB_MODEL: w.model, names.ATTR_JOB_PHASE: w.phase.value}
-        )
+        what: dict[str, str] = {names.ATTR_PLATFORM: job.spec.platform}
+        if isinstance(w, CoeWorkload):
+            what[names.ATTR_JOB_MODEL] = w.expert_model
+        else:
+            what[names.ATTR_JOB_MODEL] = w.model
+        if isinstance(w, KernelWorkload):
+            what[names.ATTR_JOB_PHASE] = w.phase.value
         span = self._tracer.start_span(
             names.SPAN_JOB,
             links=links,
@@ -333,6 +350,9 @@ class Orchestrator:
         if isinstance(job.spec.workload, CoeWorkload):
             self._execute_coe(job, job.spec.workload)
             return
+        if isinstance(job.spec.workload, TrainingWorkload):
+            self._execute_training(job, job.spec.workload)
+            return
         job, start = self._start(job)
         w = job.spec.workload
         assert isinstance(w, KernelWorkload)
@@ -364,7 +384,7 @@ class Orchestrator:
 
     def _execute_coe(self, job: Job, w: CoeWorkload) -> None:
         job, start = self._start(job)
-        platform = coe_platform(self.platform, job.spec.platform)
+        platform = job_platform(self.platform, job.spec.platform)
         replicas = replica_groups(job.sockets, w.tensor_parallel or platform.node.sockets)
         router = Router.for_catalog(w.num_experts)
         requests = build_requests(w, router)
@@ -411,6 +431,65 @@ class Orchestrator:
         result = {"kind": "coe_inference", **report.to_dict()}
         self.store.add_event(job.id, "result", result)
         end = start + round(report.emulated_s * 1e9)
+        self.store.transition(job.id, JobState.SUCCEEDED, result=result, emulated_end_ns=end)
+
+    def _execute_training(self, job: Job, w: TrainingWorkload) -> None:
+        """Segments of steps on every node at once (the ranks meet over the links);
+        progress and cancellation between segments. A retried job resumes from the last
+        checkpoint in its directory."""
+        job, start = self._start(job)
+        platform = job_platform(self.platform, job.spec.platform)
+        ranks = ranks_of(list(job.sockets))
+        links = {s.socket_id: s.link_address for n in self.gateway.nodes() for s in n.sockets}
+        group = [(sid, links.get(sid, "")) for sid in ranks]
+        nodes = self._by_node(ranks)
+        checkpoints = str(self.checkpoint_dir / job.id) if self.checkpoint_dir else ""
+        name = "" if platform is self.platform else platform.name
+        losses: list[float] = []
+        segment, first = 1, True  # the first segment is one step: it tells the total
+        while True:
+            if job.id in self._cancelled:
+                return
+            with ThreadPoolExecutor(max_workers=len(nodes)) as pool:
+                futures = [
+                    pool.submit(
+                        contextvars.copy_context().run,
+                        functools.partial(
+                            self.gateway.train,
+                            node,
+                            job.id,
+                            ids,
+                            w,
+                            group,
+                            platform_name=name,
+                            steps=segment,
+                            start_ns=start if first else 0,
+                            checkpoint_dir=checkpoints,
+                        ),
+                    )
+                    for node, ids in nodes.items()
+                ]
+                reports = [r for f in futures for r in f.result()]
+            first = False
+            lead = min(reports, key=lambda r: r.rank)
+            losses += [x for x in lead.losses if not math.isnan(x)]  # timing mode: none
+            loss = f", loss {losses[-1]:.4f}" if losses else ""
+            self.store.add_event(
+                job.id,
+                "progress",
+                {
+                    "fraction": lead.step / lead.total if lead.total else 1.0,
+                    "message": f"step {lead.step} of {lead.total}{loss}",
+                    "emulated_ns": max(r.end_ns for r in reports),
+                },
+            )
+            self._notify()
+            if all(r.finished for r in reports):
+                break
+            segment = max(1, lead.total // self.progress_chunks)
+        result = training_result(w, platform, reports, losses, start)
+        self.store.add_event(job.id, "result", result)
+        end = max(r.end_ns for r in reports)
         self.store.transition(job.id, JobState.SUCCEEDED, result=result, emulated_end_ns=end)
 
     def _run_on_nodes(

@@ -117,6 +117,8 @@ def builtin_models() -> dict[str, ModelSpec]:
         _m("llama3.1-8b", 32, 4096, 32, 8, 14336, 128256),
         _m("llama3.1-70b", 80, 8192, 64, 8, 28672, 128256),
         _m("llama3.1-405b", 126, 16384, 128, 8, 53248, 128256),
+        # Small enough for one socket to hold a whole replica: DDP (data parallel) demos.
+        _m("llama3.2-1b", 16, 2048, 32, 8, 8192, 128256, tied=True),
     ]
     # rdurack's own functional-mode expert: the shapes of workloads/tiny_lm.py's default
     # TinyLMConfig, float64 weights (a test keeps the two equal).

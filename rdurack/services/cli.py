@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import asdict
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -18,7 +20,7 @@ from rdurack.rack.errors import RdurackError, UnknownName
 from rdurack.rack.kernels import FusionPlan, Phase
 from rdurack.rack.models import ModelSpec, builtin_models
 from rdurack.rack.whatif import load_platform
-from rdurack.services import cli_coe, cli_rack  # noqa: F401  (register their commands)
+from rdurack.services import cli_coe, cli_rack, cli_trace, cli_train  # noqa: F401  (commands)
 from rdurack.services.cli_app import JsonOpt, SpecOpt, app, emit
 from rdurack.workloads.paper import Figure, PaperStudy, to_markdown
 from rdurack.workloads.predictor import (
@@ -30,6 +32,7 @@ from rdurack.workloads.predictor import (
     predict_footprint,
     predict_fusion,
 )
+from rdurack.workloads.training.job import TrainingWorkload, check_fits, predict_scaling, step_cost
 
 predict_app = typer.Typer(
     help="Predict with the timing model, in one process.", no_args_is_help=True
@@ -119,6 +122,52 @@ def predict_coe_cmd(
     emit(as_json, data, f"CoE on {platform}")
 
 
+@predict_app.command("ddp")
+def predict_ddp_cmd(
+    model: Annotated[str, typer.Option(help="a model preset, or mlp / transformer")],
+    batch_per_rank: Annotated[int, typer.Option(min=1, help="samples per rank per step")] = 1,
+    sequence_length: Annotated[int, typer.Option(min=1, help="tokens per sample")] = 1024,
+    optimizer: Annotated[str, typer.Option(help="sgd or adam")] = "sgd",
+    platform: Annotated[str, typer.Option()] = "sn40l-rack16",
+    spec: SpecOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """DDP scaling at a fixed batch per rank: step time, all-reduce time and the part
+    backward does not hide, samples/s, for 1 to 16 ranks (16 crosses nodes)."""
+    w = TrainingWorkload.model_validate(
+        {
+            "model": model,
+            "world_size": 1,
+            "global_batch": batch_per_rank,
+            "sequence_length": sequence_length,
+            "optimizer": optimizer,
+        }
+    )
+    p = load_platform(platform, spec)
+    cost = step_cost(w, p, builtin_models())
+    check_fits(w, p, cost)
+    points = predict_scaling(w, p, builtin_models())
+    if as_json:
+        rows = [asdict(x) for x in points]
+        print(json.dumps({"model": model, "platform": p.name, "memory": cost.memory.to_dict(),
+                          "scaling": rows}))  # fmt: skip
+        return
+    table = Table(title=f"DDP {model} on {p.name}, {batch_per_rank} per rank")
+    for col in ("ranks", "step", "compute", "all-reduce", "exposed", "samples/s", "nodes"):
+        table.add_column(col, justify="right")
+    for x in points:
+        table.add_row(
+            str(x.world_size),
+            f"{x.step_s * 1e3:.3f} ms",
+            f"{x.compute_s * 1e3:.3f} ms",
+            f"{x.all_reduce_s * 1e3:.3f} ms",
+            f"{x.exposed_s * 1e3:.3f} ms",
+            f"{x.samples_per_s:,.1f}",
+            "2" if x.crosses_nodes else "1",
+        )
+    Console().print(table)
+
+
 @predict_app.command("footprint")
 def predict_footprint_cmd(
     platform: Annotated[str, typer.Option()],
@@ -180,9 +229,19 @@ def _shown(value: float | tuple[float, float] | bool) -> str:
 def bench_paper_cmd(
     as_json: JsonOpt = False,
     markdown: Annotated[bool, typer.Option("--markdown", help="print a Markdown table")] = False,
+    plot: Annotated[
+        Path | None,
+        typer.Option("--plot", help="also draw published against predicted: DIR/paper-figures.png"),
+    ] = None,
 ) -> None:
     """Each published figure beside the predicted one and the error."""
     figures: list[Figure] = PaperStudy().figures()
+    if plot is not None:
+        from rdurack.services.trace_plots import plot_paper
+
+        drawn = plot_paper(figures, plot / "paper-figures.png")
+        # stderr: --json and --markdown keep stdout to the table alone.
+        print(f"wrote {drawn}", file=sys.stderr)
     if as_json:
         print(json.dumps([f.to_dict() for f in figures]))
         return

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -15,14 +14,10 @@ from rdurack.rack.kernels import FusionPlan
 from rdurack.services.cli_app import JsonOpt
 from rdurack.services.cli_rack import (
     DEFAULT_ADDRESS,
-    RPC_TIMEOUT_S,
     WATCH_TIMEOUT_S,
     AddressOpt,
     TimeoutOpt,
-    _ended,
-    _job_dict,
-    _stubs,
-    _watch,
+    submit_and_follow,
     submit_app,
     talks_to_orchestrator,
 )
@@ -133,13 +128,4 @@ def submit_coe_cmd(
         if functional
         else common_pb2.PAYLOAD_MODE_TIMING,
     )
-    ch, stub = _stubs(address)
-    with ch:
-        reply = stub.SubmitJob(job_pb2.SubmitJobRequest(spec=spec), timeout=RPC_TIMEOUT_S)
-        job = reply.job
-        if not wait:
-            print(json.dumps(_job_dict(job)) if as_json else job.id)
-            return
-        if not as_json:
-            print(job.id, file=sys.stderr)
-        _ended(_watch(stub, job.id, timeout, show=not as_json), as_json)
+    submit_and_follow(spec, address, wait=wait, timeout_s=timeout, as_json=as_json)

@@ -157,8 +157,11 @@ def _state(value: int) -> str:
 
 def _job_dict(job: job_pb2.Job) -> dict[str, Any]:
     """One job as the CLI prints it; result fields are null until it SUCCEEDED."""
-    if job.spec.WhichOneof("workload") == "coe_inference":
+    kind = job.spec.WhichOneof("workload")
+    if kind == "coe_inference":
         return _coe_dict(job)
+    if kind == "training":
+        return _training_dict(job)
     k = job.spec.kernel
     has = job.result.HasField("kernel")
     r = job.result.kernel
@@ -214,6 +217,54 @@ def _coe_dict(job: job_pb2.Job) -> dict[str, Any]:
         data["tokens"] = int(result.get("tokens", 0))
         data["per_request"] = result.get("per_request", [])
     return data
+
+
+def _training_dict(job: job_pb2.Job) -> dict[str, Any]:
+    """A training job: its spec's essentials and, once it SUCCEEDED, its result."""
+    t = job.spec.training
+    has = job.result.HasField("training")
+    result = json_format.MessageToDict(
+        job.result.training,
+        preserving_proto_field_name=True,
+        always_print_fields_with_no_presence=True,
+    )
+    data: dict[str, Any] = {
+        "job_id": job.id,
+        "name": job.spec.name,
+        "state": _state(job.state),
+        "model": t.model or "mlp",
+        "phase": "train",
+        "platform": job.spec.platform,
+        "world_size": t.world_size or 4,
+        "num_sockets": t.world_size or 4,
+        "sockets": [s.id for s in job.sockets],
+        "error": job.error_message or None,
+    }
+    for key in TRAINING_KEYS:
+        data[key] = result.get(key) if has else None
+    if has:
+        data["peak_hbm_bytes"] = int(result.get("peak_hbm_bytes", 0))
+    data["tokens_per_s"] = None  # the jobs table's column; training reports samples/s
+    return data
+
+
+TRAINING_KEYS = (
+    "test_accuracy",
+    "final_loss",
+    "step_time_s",
+    "samples_per_s",
+    "peak_hbm_bytes",
+    "emulated_s",
+    "steps_completed",
+    "start_step",
+    "compute_s",
+    "allreduce_s",
+    "exposed_allreduce_s",
+    "memory",
+    "diagnostics",
+    "losses",
+    "checkpoints",
+)
 
 
 # The CoE result fields the CLI shows, in order (`per_request` follows in --json).
@@ -316,6 +367,9 @@ def _show_job(job: job_pb2.Job, as_json: bool) -> None:
     per_request = data.pop("per_request", None)
     if per_request:
         data["per_request"] = f"{len(per_request)} requests (--json lists them)"
+    losses = data.pop("losses", None)
+    if losses:
+        data["losses"] = f"{len(losses)} steps, first {losses[0]:.4f}, last {losses[-1]:.4f}"
     emit(False, data, f"job {job.id}")
 
 
@@ -325,6 +379,23 @@ def _ended(job: job_pb2.Job, as_json: bool) -> None:
     state = _state(job.state)
     if state != "SUCCEEDED":
         _fail(f"job {job.id} {state}: {job.error_message or 'no reason given'}", 1)
+
+
+def submit_and_follow(
+    spec: job_pb2.JobSpec, address: str, *, wait: bool, timeout_s: float, as_json: bool
+) -> None:
+    """Submit; print the job id (or the job, --json); with `wait` follow it to its end
+    (progress bar on stderr) and print it, exiting 1 unless it SUCCEEDED."""
+    ch, stub = _stubs(address)
+    with ch:
+        reply = stub.SubmitJob(job_pb2.SubmitJobRequest(spec=spec), timeout=RPC_TIMEOUT_S)
+        job = reply.job
+        if not wait:
+            print(json.dumps(_job_dict(job)) if as_json else job.id)
+            return
+        if not as_json:
+            print(job.id, file=sys.stderr)
+        _ended(_watch(stub, job.id, timeout_s, show=not as_json), as_json)
 
 
 submit_app = typer.Typer(help="Submit a job to the rack's orchestrator.", no_args_is_help=True)

@@ -9,10 +9,11 @@ import grpc
 from rdurack.orchestrator.gateway import KernelRun, NodeView, SocketView, TierView
 from rdurack.orchestrator.jobs import KernelWorkload
 from rdurack.rack.errors import InvalidRequest, LinkFailure, OutOfMemory, RdurackError
-from rdurack.services import convert, program_convert
+from rdurack.services import convert, program_convert, training_convert
 from rdurack.services.grpc_server import channel
 from rdurack.v1 import node_agent_pb2, node_agent_pb2_grpc, rack_pb2
 from rdurack.workloads.program import Op, ProgramRun
+from rdurack.workloads.training.job import RankReport, TrainingWorkload
 
 TIER_NAMES = {v: k.value for k, v in convert.TIERS.items()}
 # Agent refusals the orchestrator retries later (busy, unreachable); others fail the job.
@@ -22,6 +23,9 @@ RETRYABLE = {
     grpc.StatusCode.FAILED_PRECONDITION,
     grpc.StatusCode.ABORTED,
 }
+# While a job runs, FAILED_PRECONDITION is the job's own failure (a straggler past the
+# timeout), not a busy socket: retrying would fail the same way.
+WORK_RETRYABLE = RETRYABLE - {grpc.StatusCode.FAILED_PRECONDITION}
 
 
 class GrpcNodeGateway:
@@ -40,7 +44,15 @@ class GrpcNodeGateway:
         for c in self._channels:
             c.close()
 
-    def _call(self, node: int, what: str, method: str, request: object, timeout_s: float) -> object:
+    def _call(
+        self,
+        node: int,
+        what: str,
+        method: str,
+        request: object,
+        timeout_s: float,
+        retryable: frozenset[grpc.StatusCode] | set[grpc.StatusCode] = RETRYABLE,
+    ) -> object:
         if not 0 <= node < len(self._stubs):
             raise InvalidRequest(f"no agent for node {node}")
         try:
@@ -52,7 +64,7 @@ class GrpcNodeGateway:
             oom = OutOfMemory.from_message(details or "")
             if code == grpc.StatusCode.RESOURCE_EXHAUSTED and oom is not None:
                 raise oom from None  # the socket's own error: tier, asked and free
-            if code in RETRYABLE:
+            if code in retryable:
                 raise LinkFailure(message) from None
             raise RdurackError(message) from None
 
@@ -121,9 +133,47 @@ class GrpcNodeGateway:
             ops=[program_convert.op_to_proto(op) for op in ops],
             emulated_start_ns=start_ns,
         )
-        reply = self._call(node, f"program of {job_id}", "RunProgram", request, self.timeout_s)
+        reply = self._call(
+            node, f"program of {job_id}", "RunProgram", request, self.timeout_s, WORK_RETRYABLE
+        )
         assert isinstance(reply, node_agent_pb2.RunProgramResponse)
         return [program_convert.run_from_proto(t, ops) for t in reply.sockets]
+
+    def train(
+        self,
+        node: int,
+        job_id: str,
+        sockets: Sequence[str],
+        workload: TrainingWorkload,
+        group: Sequence[tuple[str, str]],
+        *,
+        platform_name: str = "",
+        steps: int = 0,
+        start_ns: int = 0,
+        checkpoint_dir: str = "",
+    ) -> list[RankReport]:
+        request = node_agent_pb2.RunTrainingRequest(
+            job_id=job_id,
+            socket_ids=list(sockets),
+            group=node_agent_pb2.CollectiveGroup(
+                members=[
+                    node_agent_pb2.GroupMember(
+                        socket=convert.socket_ref(sid), rank=rank, link_address=address
+                    )
+                    for rank, (sid, address) in enumerate(group)
+                ]
+            ),
+            training=training_convert.workload_to_proto(workload),
+            platform=platform_name,
+            steps=steps,
+            emulated_start_ns=start_ns,
+            checkpoint_dir=checkpoint_dir,
+        )
+        reply = self._call(
+            node, f"training of {job_id}", "RunTraining", request, self.timeout_s, WORK_RETRYABLE
+        )
+        assert isinstance(reply, node_agent_pb2.RunTrainingResponse)
+        return [training_convert.report_from_proto(r) for r in reply.ranks]
 
 
 def _node_view(node: rack_pb2.NodeStatus, address: str) -> NodeView:

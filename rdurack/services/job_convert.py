@@ -12,13 +12,13 @@ from rdurack.orchestrator.gateway import NodeView
 from rdurack.orchestrator.jobs import Job, JobSpec, JobState
 from rdurack.orchestrator.store import Event
 from rdurack.rack.errors import InvalidRequest
-from rdurack.services import convert
+from rdurack.services import convert, training_convert
 from rdurack.v1 import common_pb2, job_pb2, rack_pb2
 from rdurack.workloads.coe_spec import CoeWorkload
+from rdurack.workloads.training.job import TrainingWorkload
 
 STATE_TO_PROTO = {s: common_pb2.JobState.Value(f"JOB_STATE_{s.value}") for s in JobState}
 STATE_FROM_PROTO = {v: k for k, v in STATE_TO_PROTO.items()}
-NOT_YET = {"training": "training jobs arrive with the DDP work"}
 
 
 def spec_from_proto(p: job_pb2.JobSpec, default_platform: str) -> JobSpec:
@@ -26,9 +26,12 @@ def spec_from_proto(p: job_pb2.JobSpec, default_platform: str) -> JobSpec:
     kind = p.WhichOneof("workload")
     if kind is None:
         raise InvalidRequest("spec.workload: required; set spec.kernel")
-    if kind in NOT_YET:
-        raise InvalidRequest(f"spec.{kind}: not supported yet ({NOT_YET[kind]})")
-    workload = _coe_from_proto(p.coe_inference) if kind == "coe_inference" else _kernel(p)
+    if kind == "coe_inference":
+        workload = _coe_from_proto(p.coe_inference)
+    elif kind == "training":
+        workload = training_convert.workload_from_proto(p.training)
+    else:
+        workload = _kernel(p)
     try:
         return JobSpec(
             name=p.name,
@@ -105,6 +108,9 @@ def spec_to_proto(spec: JobSpec, client_request_id: str | None = None) -> job_pb
             d["decode_plan"] = convert.PLAN_TO_PROTO[w.decode_plan]
         json_format.ParseDict(d, msg.coe_inference)
         return msg
+    if isinstance(w, TrainingWorkload):
+        msg.training.CopyFrom(training_convert.workload_to_proto(w))
+        return msg
     msg.kernel.CopyFrom(
         job_pb2.KernelJob(
             model=w.model,
@@ -126,13 +132,12 @@ def _time(seconds: float) -> Timestamp:
 
 
 def result_to_proto(result: dict[str, Any]) -> job_pb2.JobResult:
-    if result.get("kind") == "coe_inference":
-        coe = {k: v for k, v in result.items() if k != "kind"}
-        return job_pb2.JobResult(
-            coe_inference=json_format.ParseDict(
-                coe, job_pb2.CoeInferenceResult(), ignore_unknown_fields=True
-            )
-        )
+    kind = result.get("kind")
+    if kind in ("coe_inference", "training"):
+        fields = {k: v for k, v in result.items() if k != "kind"}
+        msg = job_pb2.JobResult()
+        json_format.ParseDict({kind: fields}, msg, ignore_unknown_fields=True)
+        return msg
     return job_pb2.JobResult(
         kernel=job_pb2.KernelResult(
             emulated_s=float(result.get("emulated_s", 0.0)),

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import grpc
+from pydantic import ValidationError
 
 from rdurack.node_agent.agent import NodeAgent
 from rdurack.rack.errors import InvalidRequest
 from rdurack.rack.kernels import Phase
 from rdurack.rack.models import model
-from rdurack.services import convert, program_convert
+from rdurack.services import convert, program_convert, training_convert
 from rdurack.services.errors import rpc
 from rdurack.v1 import common_pb2, node_agent_pb2, node_agent_pb2_grpc, rack_pb2
+from rdurack.workloads.training.job import TrainingWorkload
 
 SERVICE = node_agent_pb2.DESCRIPTOR.services_by_name["NodeAgentService"].full_name
 
@@ -132,6 +134,39 @@ class NodeAgentService(node_agent_pb2_grpc.NodeAgentServiceServicer):
         )
         return node_agent_pb2.RunProgramResponse(
             sockets=[program_convert.run_to_proto(r) for r in runs]
+        )
+
+    @rpc
+    def RunTraining(
+        self, request: node_agent_pb2.RunTrainingRequest, context: grpc.ServicerContext
+    ) -> node_agent_pb2.RunTrainingResponse:
+        _require(request.job_id, "job_id")
+        _require(list(request.socket_ids), "socket_ids")
+        members = sorted(request.group.members, key=lambda m: m.rank)
+        _require(members, "group.members")
+        peers = {m.socket.id: m.link_address for m in members if m.link_address}
+        if peers:
+            self.agent.connect(peers, list(request.socket_ids))
+        try:
+            workload = TrainingWorkload.model_validate(
+                training_convert.workload_from_proto(request.training)
+            )
+        except ValidationError as e:
+            first = e.errors()[0]
+            where = ".".join(str(x) for x in first["loc"])
+            raise InvalidRequest(f"training.{where}: {first['msg']}") from None
+        reports = self.agent.train(
+            request.job_id,
+            list(request.socket_ids),
+            workload,
+            [m.socket.id for m in members],
+            platform_name=request.platform,
+            steps=request.steps,
+            start_ns=request.emulated_start_ns or None,
+            checkpoint_dir=request.checkpoint_dir,
+        )
+        return node_agent_pb2.RunTrainingResponse(
+            ranks=[training_convert.report_to_proto(r) for r in reports]
         )
 
 

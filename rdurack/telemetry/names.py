@@ -19,6 +19,8 @@ SPAN_DEPLOY = "rdu.bundle_deploy"  # a socket loading its share of a model bundl
 SPAN_EXPERT_SWITCH = "rdu.expert_switch"  # an expert copied DDR -> HBM (or a hit)
 SPAN_GENERATE = "rdu.generate"  # functional mode: a tiny expert generating tokens
 SPAN_COE_BATCH = "coe.batch"  # the orchestrator serving one batch on one replica
+SPAN_TRAIN = "rdu.train"  # a segment of training steps of one DDP rank (emulated timeline)
+SPAN_NODE_TRAIN = "node_agent.train"  # a node agent driving its ranks' segment
 
 # Instrumentation scope names (the tracer's name).
 TRACER_ORCHESTRATOR = "rdurack.orchestrator"
@@ -68,3 +70,7 @@ ATTR_PLATFORM = "rdurack.platform"  # the platform a job emulates (sn40l, dgx-a1
 ATTR_TOKENS = "rdurack.coe.tokens"  # tokens generated
 ATTR_REQUESTS = "rdurack.coe.requests"  # requests in a batch
 ATTR_REPLICA = "rdurack.coe.replica"  # the serving replica (TP group) of a batch
+ATTR_RANK = "rdurack.train.rank"  # a DDP rank
+ATTR_STEP = "rdurack.train.step"  # optimizer steps done
+ATTR_ALLREDUCE_NS = "rdurack.train.allreduce_ns"  # gradient all-reduce time, emulated ns
+ATTR_EXPOSED_NS = "rdurack.train.exposed_ns"  # ... the part backward did not hide

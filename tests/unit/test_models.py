@@ -20,6 +20,7 @@ PUBLISHED = {
     "llama3.1-8b": 8.03e9,
     "llama3.1-70b": 70.6e9,
     "llama3.1-405b": 405.9e9,
+    "llama3.2-1b": 1.24e9,
 }
 
 

@@ -30,6 +30,7 @@ from rdurack.rack.topology import Topology
 from rdurack.workloads.bundle import PredictedReplicas
 from rdurack.workloads.coe_spec import CoeWorkload
 from rdurack.workloads.program import Deploy, Op, ProgramRun
+from rdurack.workloads.training.job import RankReport, TrainingWorkload
 
 RACK = platform("sn40l-rack16")
 MODELS = builtin_models()
@@ -111,6 +112,9 @@ class FakeGateway:
             for s in sockets:
                 self.clock[s] = run.end_ns
         return [replace(run, socket_id=s) for s in sockets]
+
+    def train(self, *args: object, **kwargs: object) -> list[RankReport]:
+        raise NotImplementedError("training runs on real sockets: tests/integration")
 
     def platform_of(self, ops: Sequence[Op]) -> PlatformSpec:
         deploy = next((op for op in ops if isinstance(op, Deploy)), None)
@@ -330,4 +334,27 @@ def test_impossible_coe_jobs_are_refused_before_they_are_stored(orch: Orchestrat
         orch.submit(coe(pinned_experts=["no-such-expert"]))
     with pytest.raises(RdurackError, match="tiny-lm"):
         orch.submit(coe(num_experts=4).model_copy(update={"payload_mode": "functional"}))
+    assert orch.jobs() == []
+
+
+# ------------------------------------------------------------------ training (validation)
+
+
+def test_impossible_training_jobs_are_refused_before_they_are_stored(
+    orch: Orchestrator,
+) -> None:
+    def training(mode: str = "functional", **fields: object) -> JobSpec:
+        return JobSpec(payload_mode=mode, workload=TrainingWorkload.model_validate(fields))
+
+    with pytest.raises(OutOfMemory, match="llama2-7b training") as err:
+        orch.submit(training("timing", model="llama2-7b", world_size=2, global_batch=2))
+    assert err.value.tier == "hbm" and err.value.asked_bytes > RACK.socket.hbm.capacity_bytes
+    with pytest.raises(InvalidRequest, match="run it in TIMING mode"):
+        orch.submit(training(model="llama3.2-1b", world_size=2, global_batch=2))
+    with pytest.raises(InvalidRequest, match="run it in FUNCTIONAL mode"):
+        orch.submit(training("timing"))
+    with pytest.raises(InvalidRequest, match="9 sockets"):
+        orch.submit(training(world_size=9, global_batch=9))  # not rail-aligned
+    with pytest.raises(OneProcessPerSocket, match="one process per socket"):
+        orch.submit(training(world_size=16).model_copy(update={"platform": "dgx-a100"}))
     assert orch.jobs() == []

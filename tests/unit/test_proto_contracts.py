@@ -57,6 +57,7 @@ SERVICES: dict[str, dict[str, dict[str, tuple[bool, bool]]]] = {
             "RunKernel": (False, False),
             "Collective": (False, False),
             "RunProgram": (False, False),
+            "RunTraining": (False, False),
         },
     },
     "link": {

@@ -21,6 +21,7 @@ whole dataset in the same order, so the ranks process the same samples).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -104,6 +105,8 @@ class RankContext:
     rank: int  # the rank this process was told it has
     device: str  # its socket, rdu-n<node>-s<index>
     checkpoint_dir: Path | None = None  # where rank 0 writes and every rank resumes from
+    # Wraps the model DDP sees (the rack: a model whose passes advance emulated time).
+    wrap: Callable[[Model], Model] | None = None
 
 
 @dataclass(slots=True)
@@ -166,6 +169,18 @@ def accuracy(model: Model, data: Dataset) -> float:
 
 def train(ctx: RankContext, spec: TrainSpec) -> RankResult:
     """Train on this rank; every rank of the group calls it with the same spec."""
+    steps = train_steps(ctx, spec)
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            result: RankResult = done.value
+            return result
+
+
+def train_steps(ctx: RankContext, spec: TrainSpec) -> Generator[StepInfo, None, RankResult]:
+    """`train`, one optimizer step at a time: yields after each step, returns the
+    result. A caller can run a job in segments (progress between them)."""
     dist = Distributed(ctx.transport)
     dist.init_process_group(
         "rdulink",
@@ -174,12 +189,23 @@ def train(ctx: RankContext, spec: TrainSpec) -> RankResult:
         timeout=timedelta(seconds=spec.timeout_s),
     )
     try:
-        return _train(dist, ctx, spec)
+        return (yield from _train(dist, ctx, spec))
     finally:
         dist.destroy_process_group()
 
 
-def _train(dist: Distributed, ctx: RankContext, spec: TrainSpec) -> RankResult:
+@dataclass(frozen=True, slots=True)
+class StepInfo:
+    """Where a rank is after an optimizer step."""
+
+    step: int  # steps done (global count, a resumed run included)
+    total: int  # steps the run will do
+    loss: float  # this rank's local batch loss of the step
+
+
+def _train(
+    dist: Distributed, ctx: RankContext, spec: TrainSpec
+) -> Generator[StepInfo, None, RankResult]:
     rank, world = dist.get_rank(), dist.get_world_size()
     (train_set, test_set), classes = load_data(spec)
     # Each process initialises its own replica, seeded by rank as independent processes
@@ -200,9 +226,10 @@ def _train(dist: Distributed, ctx: RankContext, spec: TrainSpec) -> RankResult:
                 rng.bit_generator.state = state.rng
             step = state.step
     start_step = step
+    _check_same_start(dist, step)
 
     ddp = DistributedDataParallel(
-        model,
+        ctx.wrap(model) if ctx.wrap is not None else model,
         dist,
         bucket_cap_bytes=spec.bucket_cap_bytes,
         broadcast_parameters=spec.broadcast_parameters,
@@ -257,6 +284,7 @@ def _train(dist: Distributed, ctx: RankContext, spec: TrainSpec) -> RankResult:
             optimizer.step(model.grads)
             samples += len(idx)
             step += 1
+            yield StepInfo(step, int(total), losses[-1])
             if spec.checkpoint_every and step % spec.checkpoint_every == 0:
                 if ctx.checkpoint_dir is not None and dist.get_rank() == 0:
                     state = TrainingState(
@@ -291,6 +319,19 @@ def _train(dist: Distributed, ctx: RankContext, spec: TrainSpec) -> RankResult:
         checkpoints=written,
         params=copy_params(model.params),
     )
+
+
+def _check_same_start(dist: Distributed, step: int) -> None:
+    """Every rank must resume at the same step: a checkpoint directory that only some
+    ranks see (storage not shared across nodes) would desynchronise their collectives."""
+    steps = [np.zeros(1, dtype=np.int64) for _ in range(dist.get_world_size())]
+    dist.all_gather(steps, np.array([step], dtype=np.int64))
+    found = [int(s[0]) for s in steps]
+    if len(set(found)) > 1:
+        raise InvalidRequest(
+            f"ranks resumed at different steps {found}: the checkpoint directory is not "
+            "shared by every rank; put it on storage every node sees"
+        )
 
 
 def _restore(params: Params, saved: Params, path: Path) -> None:
