@@ -1,1 +1,2 @@
-"""The control-plane edge: the `rdu` CLI and benchmarks; gRPC servicers and clients later."""
+"""The control-plane edge: the `rdu` CLI, gRPC servicers and clients, proto<->domain
+conversion, process entrypoints and benchmarks."""
