@@ -1,12 +1,11 @@
-"""`rdu` commands for a running rack: up, down, status, submit, jobs, job, watch, cancel,
-demo. They talk to the orchestrator's JobService and RackService.
+"""`rdu` commands for a running rack: up, down, status, submit, jobs, job, watch, cancel.
+They talk to the orchestrator's JobService and RackService.
 """
 
 from __future__ import annotations
 
 import functools
 import json
-import signal
 import sys
 import threading
 from collections.abc import Callable
@@ -655,88 +654,7 @@ def status_cmd(address: AddressOpt = DEFAULT_ADDRESS, as_json: JsonOpt = False) 
         Console(stderr=True).print(f"[red]nodes not answering: {down_nodes}[/]")
 
 
-# --------------------------------------------------------------------- demo
-
-# (name, model, phase, sockets, seq, output tokens): fits the 16-socket rack at once.
-DEMO_JOBS: list[tuple[str, str, Phase, int, int, int]] = [
-    ("decode 20 tokens", "llama2-7b", Phase.DECODE, 8, 1024, 20),
-    ("prefill 2048", "llama2-7b", Phase.PREFILL, 4, 2048, 0),
-    ("decode 20 tokens", "mistral-7b", Phase.DECODE, 16, 1024, 20),
-    ("train step", "llama2-7b", Phase.TRAIN, 8, 2048, 0),
-]
-
-
-@app.command("demo")
-@talks_to_orchestrator
-def demo_cmd(
-    state_dir: StateDirOpt = Path(".state"),
-    port: Annotated[int, typer.Option(min=0, max=65535, help="orchestrator port")] = 50051,
-    timeout: TimeoutOpt = WATCH_TIMEOUT_S,
-) -> None:
-    """rdu up, a small workload of four jobs, a summary, then rdu down (always)."""
-    from rdurack.services import local_rack
-
-    console = Console()
-    console.print(
-        f"[bold]rdu up[/]: Ray, 2 node agents x 8 sockets, the orchestrator ({state_dir})"
-    )
-    rack = local_rack.up(
-        state_dir,
-        port=port,
-        on_ready=lambda name, address: console.print(f"  {name:<14} ready at {address}"),
-    )
-    failed: list[job_pb2.Job] = []
-    try:
-        ch, stub = _stubs(rack.orchestrator)
-        with ch:
-            ids: list[str] = []
-            for name, model, phase, sockets, seq, tokens in DEMO_JOBS:
-                kernel = job_pb2.KernelJob(
-                    model=model,
-                    phase=common_pb2.Phase.Value(f"PHASE_{phase.name}"),
-                    sequence_length=seq,
-                    batch_size=1,
-                    num_sockets=sockets,
-                    output_tokens=tokens,
-                )
-                spec = job_pb2.JobSpec(name=f"{model} {name}", kernel=kernel)
-                job = stub.SubmitJob(
-                    job_pb2.SubmitJobRequest(spec=spec),
-                    timeout=RPC_TIMEOUT_S,
-                ).job
-                ids.append(job.id)
-                console.print(f"  submitted {job.id}: {model} {name} on {sockets} sockets")
-            _follow_all(stub, ids, timeout, console)
-            jobs = [_get(stub, i) for i in ids]
-        table = Table(title="demo: four kernel jobs on the emulated rack")
-        for col in ("job", "name", "state", "sockets", "emulated", "tokens/s", "HBM util."):
-            table.add_column(col, no_wrap=col in ("job", "state"))
-        for j in jobs:
-            d = _job_dict(j)
-            util = d["hbm_bandwidth_utilization"]
-            table.add_row(
-                d["job_id"],
-                d["name"],
-                _styled_state(d["state"]),
-                str(d["num_sockets"]),
-                _seconds(d["emulated_s"]),
-                _tokens(d),
-                "-" if util is None else f"{util:.0%}",
-            )
-        console.print(table)
-        failed = [j for j in jobs if _state(j.state) != "SUCCEEDED"]
-        for j in failed:
-            console.print(f"[red]{j.id} {_state(j.state)}: {j.error_message}[/]")
-    finally:
-        console.print("[bold]rdu down[/]")
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a 2nd Ctrl-C must not skip it
-        try:
-            for line in local_rack.down(state_dir):
-                console.print(f"  {line}")
-        finally:
-            signal.signal(signal.SIGINT, previous)
-    if failed:
-        raise typer.Exit(1)
+# --------------------------------------------------------------------- following jobs
 
 
 def _follow_all(
