@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from rdurack.orchestrator.gateway import NodeGateway
 from rdurack.orchestrator.platforms import job_platform
 from rdurack.rack.errors import InvalidRequest, OneProcessPerSocket, UnknownName
+from rdurack.rack.kernels import FusionPlan
 from rdurack.rack.models import ModelSpec
 from rdurack.rack.spec import PlatformSpec
 from rdurack.rack.topology import SocketId
@@ -53,6 +54,12 @@ def validate_coe(
         raise InvalidRequest(
             f"{FIELD}.num_sockets: a {platform.name} job runs on one emulated node of "
             f"{platform.node.sockets} sockets, not {w.num_sockets}"
+        )
+    fusion = platform.socket.kernels.dataflow_fusion
+    if w.decode_plan not in (None, FusionPlan.UNFUSED) and not fusion:
+        raise InvalidRequest(
+            f"{FIELD}.decode_plan: {w.decode_plan.value}: a {platform.name} socket runs unfused "
+            "kernels only (no dataflow fusion); leave it unset or use unfused"
         )
     for field, name in (("expert_model", w.expert_model), ("router_model", w.router_model)):
         if name not in models:

@@ -334,6 +334,8 @@ def test_impossible_coe_jobs_are_refused_before_they_are_stored(orch: Orchestrat
         orch.submit(coe(pinned_experts=["no-such-expert"]))
     with pytest.raises(RdurackError, match="tiny-lm"):
         orch.submit(coe(num_experts=4).model_copy(update={"payload_mode": "functional"}))
+    with pytest.raises(InvalidRequest, match="decode_plan: fused-ho: a dgx-h100 socket runs"):
+        orch.submit(coe("dgx-h100", num_experts=100, decode_plan="fused-ho"))
     assert orch.jobs() == []
 
 
