@@ -247,6 +247,7 @@ def _training_dict(job: job_pb2.Job) -> dict[str, Any]:
         # MessageToDict writes 64-bit integers as strings.
         for key in ("peak_hbm_bytes", "peak_ddr_bytes", "hbm_cap_bytes"):
             data[key] = int(result.get(key, 0))
+        data["memory"] = {k: int(v) for k, v in (data["memory"] or {}).items()}
         for row in (*data["stages"], *data["socket_memory"]):
             for key in [k for k in row if k.endswith("_bytes")]:
                 row[key] = int(row[key])

@@ -145,6 +145,15 @@ def test_up_submit_watch_cancel_down(tmp_path: Path) -> None:
         for key in ("test_accuracy", "final_loss", "step_time_s", "samples_per_s", "memory"):
             assert grown[key] is not None, key
         assert [m["socket_id"] for m in grown["socket_memory"]] == ["rdu-n0-s0", "rdu-n0-s1"]
+        # `rdu plot` draws its stages from the trace files (flushed every 0.5 s).
+        plots, stages_png = tmp_path / "plots", f"{grown['job_id']}-stages.png"
+        deadline = time.monotonic() + 30
+        while not (plots / stages_png).is_file():
+            assert time.monotonic() < deadline, "no stage figure within 30 s"
+            drawn = rdu("plot", grown["job_id"], "--out", str(plots), "--state-dir", str(state))
+            time.sleep(0.5)
+        assert drawn.returncode == 0, drawn.stderr
+        assert (plots / f"{grown['job_id']}-timeline.png").is_file()
 
         listed = _json(rdu("jobs", "--json", *address))["jobs"]
         assert job["job_id"] in [j["job_id"] for j in listed]

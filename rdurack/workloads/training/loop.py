@@ -366,8 +366,9 @@ def _train(
                 account.hold("optimizer", Tier.HBM, optimizer.state_bytes())
             samples += len(idx)
             step += 1
-            if movement is not None:
-                converged = _agree(dist, movement.converged(movement.update()))
+            window = movement.update() if movement is not None else None
+            if movement is not None and window is not None:  # a window ended, on every rank
+                converged = _agree(dist, movement.converged(window))
             yield StepInfo(step, total, losses[-1], stage.name)
             if spec.checkpoint_every and step % spec.checkpoint_every == 0:
                 if ctx.checkpoint_dir is not None and dist.get_rank() == 0:
