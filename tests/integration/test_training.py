@@ -243,9 +243,12 @@ def test_progressive_training_runs_under_a_cap_full_training_cannot_meet(
     assert all(s.HasField("test_accuracy") for s in prog.stages)
     assert [s.name for s in full.stages] == ["full"] and full.steps_completed == 30 * 21
 
-    # Accuracy within 2 points of full training; the shrunken model's, measured.
+    # Accuracy within 2 points of full training. Against the shrunken model the paper
+    # reports a win; on digits the two are within a point of each other, either way
+    # round by seed (docs/training.md), so only that is asserted, not a win.
     assert prog.test_accuracy >= full.test_accuracy - 0.02, (prog.test_accuracy, full.test_accuracy)
     assert base.peak_hbm_bytes == shrunk.peak_hbm_bytes <= HBM_CAP
+    assert abs(prog.test_accuracy - base.test_accuracy) <= 0.01, base.test_accuracy
     view = _job_dict(jobs["progressive"])  # what `rdu submit train --json` prints
     assert view["strategy"] == "progressive" and len(view["stages"]) == 8
     assert view["stages"][-1]["peak_hbm_bytes"] == prog.stages[-1].peak_hbm_bytes

@@ -46,7 +46,7 @@ from rdurack.workloads.predictor import Predictor
 from rdurack.workloads.training.arrays import Params
 from rdurack.workloads.training.ddp import DEFAULT_BUCKET_CAP_BYTES, assign_buckets
 from rdurack.workloads.training.distributed import DEFAULT_TIMEOUT_S, MAX_WORLD_SIZE
-from rdurack.workloads.training.loop import TrainSpec
+from rdurack.workloads.training.loop import TrainSpec, data_shape
 from rdurack.workloads.training.memory_plan import MemoryPlan, plan_memory
 from rdurack.workloads.training.models import Model
 from rdurack.workloads.training.movement import DEFAULT_THRESHOLD, DEFAULT_WINDOW_STEPS
@@ -255,7 +255,7 @@ def step_cost(
 def _numpy_cost(w: TrainingWorkload, platform: PlatformSpec) -> StepCost:
     spec = w.train_spec()
     plan = plan_memory(spec, platform.socket)
-    features, classes = (64, 10)  # digits: 8x8 images, 10 classes; synthetic defaults alike
+    features, classes = data_shape(spec)
     model = Trainee("full", spec.model, features, classes, w.seed, w.hidden, w.blocks).model
     return model_cost(model, w, platform, RankMemory(**plan.peak_stage(Tier.HBM).hbm_parts()))
 
