@@ -18,6 +18,12 @@ rank that never arrives is caught by the links' wall-clock deadline.
 `RankRunner` runs a job on one rank in segments of steps (progress between them): the
 built-in loop (training/loop.py) for numpy models, a timing-only loop of the same shape
 for model presets, or a user's own function (`loop`) once.
+
+Memory: the built-in loop accounts what it holds, stage by stage, on the socket's tiers
+(training/memory.py; a progressive stage change moves weights between HBM and DDR,
+which takes the copy's emulated time); a preset or a client's loop holds its planned
+memory for the whole job. Either way under the job's HBM cap. Each stage, and each
+block the growing stage freezes, becomes a span on the emulated timeline.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from opentelemetry.util.types import AttributeValue
 from ray import cloudpickle
 
 from rdurack.rack.clock import EmulatedClock, seconds_to_ns
@@ -37,10 +44,24 @@ from rdurack.rack.memory import TieredMemory
 from rdurack.rack.models import ModelSpec
 from rdurack.rack.presets import platform as preset
 from rdurack.rack.spec import PlatformSpec, Tier
+from rdurack.telemetry import names
 from rdurack.workloads.training.arrays import Array, Params
 from rdurack.workloads.training.distributed import Distributed
-from rdurack.workloads.training.job import RankReport, StepCost, TrainingWorkload, step_cost
-from rdurack.workloads.training.loop import RankContext, RankResult, StepInfo, train_steps
+from rdurack.workloads.training.job import (
+    RankReport,
+    StepCost,
+    TrainingWorkload,
+    model_cost,
+    step_cost,
+)
+from rdurack.workloads.training.loop import (
+    RankContext,
+    RankResult,
+    StageEvent,
+    StepInfo,
+    train_steps,
+)
+from rdurack.workloads.training.memory import MemoryAccount
 from rdurack.workloads.training.models import Model
 from rdurack.workloads.training.overlap import split_by_bytes
 
@@ -79,6 +100,7 @@ class LinkBackend:
         self.comm_free_ns = 0  # when the communication stream is free
         self.all_reduce_ns = 0  # gradient all-reduce time, all of it
         self.exposed_ns = 0  # ... the part the compute stream waited for
+        self.compute_s = 0.0  # forward and backward, as the timing model prices them
         self.steps_began_ns: int | None = None  # clock at the first step's forward
 
     @property
@@ -203,9 +225,12 @@ class TimedModel:
         self.grads: Params = model.grads
         self.dtype = model.dtype
 
+    @property
+    def frozen(self) -> Params:
+        return self.model.frozen
+
     def forward(self, x: Array, y: Array) -> float:
-        self.backend.begin_step()
-        self.socket.clock.advance(self.cost.forward_s * self.socket.slowdown)
+        forward(self.backend, self.cost, self.socket)
         return self.model.forward(x, y)
 
     def backward(self) -> None:
@@ -215,10 +240,21 @@ class TimedModel:
     def logits(self, x: Array) -> Array:
         return self.model.logits(x)
 
+    def saved_bytes(self) -> int:
+        return self.model.saved_bytes()
+
+
+def forward(backend: LinkBackend, cost: StepCost, socket: Socket) -> None:
+    """A step's forward on the socket's clock, after the communication stream."""
+    backend.begin_step()
+    socket.clock.advance(cost.forward_s * socket.slowdown)
+    backend.compute_s += cost.forward_s
+
 
 def backward(backend: LinkBackend, cost: StepCost, socket: Socket) -> None:
     """Backward's compute on the socket's clock; each bucket ready in proportion to its
     bytes (split_by_bytes); then the lateness check."""
+    backend.compute_s += cost.backward_s
     start = socket.clock.now_ns
     total = cost.backward_s * socket.slowdown
     done = 0.0
@@ -288,9 +324,22 @@ class RankRunner:
         self._step = StepInfo(0, 0, 0.0)
         self._result: dict[str, Any] | None = None
         self._loop_result = b""
-        for part, nbytes in self.cost.memory.to_dict().items():
-            if part != "total" and nbytes:
-                self.memory.allocate(f"{job_id}/train/{part}", Tier.HBM, nbytes, what=part)
+        self.account = MemoryAccount(self.memory, f"{job_id}/train/", w.hbm_cap_bytes)
+        # The built-in loop accounts its own arrays; the others hold the plan.
+        self._accounted = w.functional and not loop
+        if not self._accounted:
+            self.account.place(
+                {
+                    part: (Tier.HBM, nbytes)
+                    for part, nbytes in self.cost.memory.to_dict().items()
+                    if part != "total" and nbytes
+                }
+            )
+            self.account.begin_stage()
+        self.spans: list[TrainSpan] = []  # stages and freezes not yet traced
+        self._stage_ns: list[tuple[int, int]] = []  # each ended stage's emulated start, end
+        self._stage_began = 0
+        self._freezing: tuple[int, dict[str, AttributeValue]] | None = None  # start, attrs
 
     def advance(self, steps: int, start_ns: int | None = None) -> RankReport:
         """Run up to `steps` more steps (0: to the end)."""
@@ -316,6 +365,11 @@ class RankRunner:
                     losses.append(self._step.loss)
                     done += 1
         b = self.backend
+        if not self._accounted:
+            self.account.end_stage()
+        outcome = self._result or {}
+        for stage, (began, ended) in zip(outcome.get("stages", []), self._stage_ns, strict=False):
+            stage["emulated_s"] = (ended - began) * 1e-9
         return RankReport(
             socket_id=self.socket.name,
             rank=self.rank,
@@ -326,13 +380,15 @@ class RankRunner:
             start_ns=self._start_ns,
             end_ns=self.socket.clock.now_ns,
             steps_began_ns=b.steps_began_ns or self._start_ns,
-            compute_ns=seconds_to_ns(self.cost.compute_s) * b.step,
+            compute_ns=seconds_to_ns(b.compute_s),
             all_reduce_ns=b.all_reduce_ns,
             exposed_ns=b.exposed_ns,
             memory=self.cost.memory.to_dict(),
-            hbm_peak_bytes=self.memory.peak_bytes(Tier.HBM),
-            result=self._result or {},
+            hbm_peak_bytes=self.account.peaks[Tier.HBM.value],
+            result=outcome,
             loop_result=self._loop_result,
+            peak_bytes=dict(self.account.peaks),
+            stage=self._step.stage,
         )
 
     def _make_steps(self) -> Generator[StepInfo, None, RankResult | None]:
@@ -342,10 +398,67 @@ class RankRunner:
                 self.rank,
                 self.socket.name,
                 self.checkpoint_dir,
-                wrap=lambda m: TimedModel(m, self.backend, self.cost, self.socket),
+                wrap=self._timed,
+                memory=self.account,
+                on_stage=self._on_stage,
             )
             return self._functional(ctx)
         return self._timing()
+
+    def _timed(self, model: Model) -> Model:
+        """`model` (a stage's) with passes that take the timing model's time."""
+        cost = model_cost(model, self.w, self.platform, self.cost.memory)
+        return TimedModel(model, self.backend, cost, self.socket)
+
+    def _on_stage(self, event: StageEvent) -> None:
+        """A stage began (its weights' moves between tiers take their copy time) or
+        ended: the spans of stages and of the blocks the growing stage freezes."""
+        self.backend.settle()
+        clock = self.socket.clock
+        if event.report is None:
+            clock.advance(event.copy_s)
+            if self._freezing is not None:  # the frozen block's state gone, the next in
+                start, frozen = self._freezing
+                self.spans.append(TrainSpan(names.SPAN_TRAIN_FREEZE, start, clock.now_ns, frozen))
+                self._freezing = None
+            self._stage_began = clock.now_ns
+            return
+        r, end = event.report, clock.now_ns
+        self._stage_ns.append((self._stage_began, end))
+        attributes: dict[str, AttributeValue] = {
+            names.ATTR_RANK: self.rank,
+            names.ATTR_TRAIN_STAGE: event.stage.name,
+            names.ATTR_TRAIN_PHASE: r.phase,
+            names.ATTR_STEPS: r.steps,
+            names.ATTR_STEP: r.start_step + r.steps,
+            names.ATTR_TRAIN_CONVERGED: r.converged,
+            **{names.ATTR_PEAK_BYTES.format(tier=t): n for t, n in r.peak_bytes.items()},
+        }
+        if r.block is not None:
+            attributes[names.ATTR_TRAIN_BLOCK] = r.block
+        if r.movement is not None:
+            attributes[names.ATTR_TRAIN_MOVEMENT] = r.movement
+        if r.test_accuracy is not None:
+            attributes[names.ATTR_TRAIN_ACCURACY] = r.test_accuracy
+        self.spans.append(TrainSpan(names.SPAN_TRAIN_STAGE, self._stage_began, end, attributes))
+        if r.phase == "grow" and r.block is not None:
+            freeze: dict[str, AttributeValue] = {
+                names.ATTR_RANK: self.rank,
+                names.ATTR_TRAIN_BLOCK: r.block,
+                names.ATTR_STEP: r.start_step + r.steps,
+                names.ATTR_TRAIN_CONVERGED: r.converged,
+            }
+            if r.movement is not None:
+                freeze[names.ATTR_TRAIN_MOVEMENT] = r.movement
+            if r.block == self.w.blocks - 1:  # the last: nothing follows it in
+                self.spans.append(TrainSpan(names.SPAN_TRAIN_FREEZE, end, end, freeze))
+            else:
+                self._freezing = (end, freeze)
+
+    def take_spans(self) -> list[TrainSpan]:
+        """The stage and freeze spans since the last call."""
+        out, self.spans = self.spans, []
+        return out
 
     def _functional(self, ctx: RankContext) -> Generator[StepInfo, None, RankResult | None]:
         result = yield from train_steps(ctx, self.w.train_spec(resume=True))
@@ -359,8 +472,7 @@ class RankRunner:
         b.broadcast_bytes(cost.memory.gradients, itemsize)  # DDP: rank 0's parameters
         total = self.w.steps or 10
         for step in range(total):
-            b.begin_step()
-            socket.clock.advance(cost.forward_s * socket.slowdown)
+            forward(b, cost, socket)
             backward(b, cost, socket)
             for nbytes in cost.bucket_bytes:
                 b.all_reduce_bytes(nbytes, itemsize)
@@ -385,10 +497,17 @@ class RankRunner:
         self._result = {"rank": self.rank, "device": self.socket.name}
 
     def close(self) -> None:
-        for part in ("weights", "gradients", "optimizer", "activations"):
-            name = f"{self.job_id}/train/{part}"
-            if name in self.memory:
-                self.memory.free(name)
+        self.account.close()
+
+
+@dataclass(frozen=True)
+class TrainSpan:
+    """A span a rank's training produced, on the socket's emulated timeline."""
+
+    name: str
+    start_ns: int
+    end_ns: int
+    attributes: dict[str, AttributeValue]
 
 
 def _flat(array: Array) -> Array:

@@ -380,6 +380,14 @@ class Socket:
             report = self._trainer.advance(steps, start_ns)
         finally:
             self.timeout_s = saved
+        for span in self._trainer.take_spans():  # stages and block freezes
+            self._span(
+                span.name,
+                carrier,
+                job_id,
+                OpRun(span.start_ns, span.end_ns),
+                {**span.attributes, names.ATTR_JOB_MODEL: workload.model},
+            )
         segment = OpRun(began, report.end_ns)
         self._span(
             names.SPAN_TRAIN,

@@ -474,12 +474,14 @@ class Orchestrator:
             lead = min(reports, key=lambda r: r.rank)
             losses += [x for x in lead.losses if not math.isnan(x)]  # timing mode: none
             loss = f", loss {losses[-1]:.4f}" if losses else ""
+            # Progressive: the total is every stage's budget; blocks freeze earlier.
+            of = f"at most {lead.total}, {lead.stage}" if w.strategy != "full" else lead.total
             self.store.add_event(
                 job.id,
                 "progress",
                 {
                     "fraction": lead.step / lead.total if lead.total else 1.0,
-                    "message": f"step {lead.step} of {lead.total}{loss}",
+                    "message": f"step {lead.step} of {of}{loss}",
                     "emulated_ns": max(r.end_ns for r in reports),
                 },
             )

@@ -21,6 +21,7 @@ from rdurack.workloads.training.job import (
     check_fits,
     step_cost,
 )
+from rdurack.workloads.training.progressive import Stage
 
 FIELD = "spec.training"
 
@@ -100,4 +101,53 @@ def training_result(
         result["final_loss"] = first.result["final_loss"]
     if first.result.get("test_accuracy") is not None:
         result["test_accuracy"] = first.result["test_accuracy"]
+    result |= {
+        "strategy": w.strategy,
+        "hbm_cap_bytes": w.hbm_cap_bytes,
+        "peak_ddr_bytes": max(r.peak_bytes.get("ddr", 0) for r in reports),
+        "socket_memory": [
+            {
+                "socket_id": r.socket_id,
+                **{f"peak_{t}_bytes": r.peak_bytes.get(t, 0) for t in ("sram", "hbm", "ddr")},
+            }
+            for r in reports
+        ],
+        "stages": job_stages(reports),
+    }
     return result
+
+
+def job_stages(reports: list[RankReport]) -> list[dict[str, Any]]:
+    """The job's stages (TrainingStage's fields) from its ranks' reports."""
+    ranks = [r.result.get("stages", []) for r in sorted(reports, key=lambda r: r.rank)]
+    return [
+        stage_fields([stages[i] for stages in ranks if i < len(stages)])
+        for i in range(len(ranks[0]))
+    ]
+
+
+def stage_fields(ranks: list[dict[str, Any]]) -> dict[str, Any]:
+    """TrainingStage's fields from one stage of each rank (StageReport.to_dict() with
+    its emulated_s), rank order: rank 0's steps, movement, loss and accuracy; peaks and
+    duration, the largest over the ranks."""
+    lead = ranks[0]
+    stage: dict[str, Any] = {
+        "name": Stage(lead["phase"], lead.get("block")).name,
+        "phase": lead["phase"],
+        "start_step": lead["start_step"],
+        "steps": lead["steps"],
+        "converged": lead["converged"],
+        "peak_hbm_bytes": max(s["peak_bytes"].get("hbm", 0) for s in ranks),
+        "peak_ddr_bytes": max(s["peak_bytes"].get("ddr", 0) for s in ranks),
+        "emulated_s": max(s.get("emulated_s", 0.0) for s in ranks),
+    }
+    for key, field in (
+        ("block", "block"),
+        ("frozen_at_step", "frozen_at_step"),
+        ("movement", "movement"),
+        ("test_accuracy", "test_accuracy"),
+        ("loss", "final_loss"),
+    ):
+        if lead.get(key) is not None:
+            stage[field] = lead[key]
+    return stage

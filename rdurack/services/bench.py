@@ -25,6 +25,7 @@ from rdurack.rack.presets import builtin_platforms
 from rdurack.services.bench_control import bench_control
 from rdurack.services.bench_figure import BenchFigure
 from rdurack.services.bench_rack import bench_rack
+from rdurack.services.bench_training import bench_progressive
 from rdurack.workloads.bundle import PredictedReplicas
 from rdurack.workloads.coe import CoeEngine
 from rdurack.workloads.coe_spec import CoeWorkload, PoissonLoad, build_requests
@@ -115,6 +116,7 @@ BENCHMARKS: list[tuple[str, Benchmark]] = [
     ("paper fidelity", bench_paper_fidelity),
     ("rack: 2 node agents x 8 socket actors", bench_rack),
     ("control plane: rdu up, SubmitJob from 50 clients, scheduling", bench_control),
+    ("progressive training (ProFL), default configuration", bench_progressive),
 ]
 
 

@@ -241,8 +241,15 @@ def _training_dict(job: job_pb2.Job) -> dict[str, Any]:
     }
     for key in TRAINING_KEYS:
         data[key] = result.get(key) if has else None
+    data["strategy"] = t.strategy or "full"
     if has:
-        data["peak_hbm_bytes"] = int(result.get("peak_hbm_bytes", 0))
+        # MessageToDict writes 64-bit integers as strings.
+        for key in ("peak_hbm_bytes", "peak_ddr_bytes", "hbm_cap_bytes"):
+            data[key] = int(result.get(key, 0))
+        data["memory"] = {k: int(v) for k, v in (data["memory"] or {}).items()}
+        for row in (*data["stages"], *data["socket_memory"]):
+            for key in [k for k in row if k.endswith("_bytes")]:
+                row[key] = int(row[key])
     data["tokens_per_s"] = None  # the jobs table's column; training reports samples/s
     return data
 
@@ -263,6 +270,10 @@ TRAINING_KEYS = (
     "diagnostics",
     "losses",
     "checkpoints",
+    "peak_ddr_bytes",
+    "hbm_cap_bytes",
+    "socket_memory",
+    "stages",
 )
 
 

@@ -89,14 +89,18 @@ def plot_cmd(
     ] = None,
 ) -> None:
     """PNGs of a job: its sockets' emulated timeline (a Gantt chart), memory used per
-    tier over emulated time, and for training the loss curve."""
+    tier over emulated time, and for training the loss curve and the peak memory and
+    accuracy of each stage."""
     from rdurack.services.trace_files import job_spans
     from rdurack.services.trace_plots import (
         loss_points,
         plot_loss,
         plot_memory,
+        plot_stages,
         plot_timeline,
+        result_stage_points,
         span_loss_points,
+        stage_points,
     )
 
     spans, _ = job_spans(job_id, _trace_dir(trace_dir, state_dir))
@@ -109,12 +113,18 @@ def plot_cmd(
         else f"no memory plot: the spans of job {job_id} carry no tier use (only CoE "
         "deploys and expert switches do today)"
     )
-    points = span_loss_points(spans) or loss_points(_read_result(result))
+    job_result = _read_result(result)
+    points = span_loss_points(spans) or loss_points(job_result)
     loss = plot_loss(points, job_id, out / f"{job_id}-loss.png")
     if loss is not None:
         print(loss)
     elif result is not None:
         print(f"no loss plot: {result} has no losses")
+    stages = stage_points(spans) or result_stage_points(job_result)
+    cap = int((job_result or {}).get("hbm_cap_bytes") or 0)
+    figure = plot_stages(stages, job_id, out / f"{job_id}-stages.png", hbm_cap_bytes=cap)
+    if figure is not None:
+        print(figure)
 
 
 def _read_result(path: Path | None) -> dict[str, Any] | None:

@@ -44,7 +44,23 @@ def submit_train_cmd(
     no_sampler: Annotated[
         bool, typer.Option("--no-sampler", help="the article's mistake: no DistributedSampler")
     ] = False,
-    strategy: Annotated[str, typer.Option(help="full")] = "full",
+    hidden: Annotated[int, typer.Option(min=1, help="the numpy model's hidden width")] = 64,
+    blocks: Annotated[
+        int, typer.Option(min=1, help="the mlp's hidden layers (progressive: its blocks)")
+    ] = 1,
+    strategy: Annotated[
+        str, typer.Option(help="full, or progressive (ProFL: block by block, mlp only)")
+    ] = "full",
+    hbm_cap_bytes: Annotated[
+        int, typer.Option(min=0, help="the job's HBM per socket, bytes; 0: the socket's")
+    ] = 0,
+    freeze_window: Annotated[
+        int | None, typer.Option(min=2, help="progressive: steps per movement window (25)")
+    ] = None,
+    freeze_threshold: Annotated[
+        float | None,
+        typer.Option(min=0.0, max=1.0, help="progressive: freeze below this movement (0.45)"),
+    ] = None,
     platform: Annotated[str, typer.Option(help="the rack's own, or dgx-a100 / dgx-h100")] = "",
     name: Annotated[str, typer.Option(help="a label for the job")] = "",
     wait: Annotated[bool, typer.Option("--wait", help="follow the job until it ends")] = False,
@@ -68,6 +84,11 @@ def submit_train_cmd(
         timeout_s=timeout_s or 0.0,
         sampler="none" if no_sampler else "distributed",
         strategy=strategy,
+        hidden=hidden,
+        blocks=blocks,
+        hbm_cap_bytes=hbm_cap_bytes,
+        freeze_window=freeze_window or 0,
+        freeze_threshold=freeze_threshold or 0.0,
     )
     if no_broadcast:
         training.broadcast_parameters = False

@@ -11,6 +11,9 @@
   or the KV cache). A span carrying `rdurack.memory.<tier>.used_bytes` (the socket's
   tier use after the op; proposed in docs/tracing.md) is used instead, when present.
 - `plot_loss`: a training loss curve from (step, loss) pairs.
+- `plot_stages`: a training job's peak memory (HBM, DDR) and test accuracy per stage
+  (progressive: shrinking then growing, block by block), from its `rdu.train.stage`
+  spans or its result's `stages`.
 - `plot_paper`: published against predicted for every figure of `rdu bench paper`.
 
 Drawing uses matplotlib's object API on an Agg canvas: no pyplot, no global figure
@@ -63,6 +66,7 @@ KIND_COLORS: dict[str, str] = {
     "prefill": "#1f77b4",
     "decode": "#2ca02c",
     "train step": "#8c564b",
+    "block freeze": "#e377c2",
     "collective": "#ff7f0e",
     "generate (functional)": "#17becf",
 }
@@ -84,6 +88,8 @@ def op_kind(span: Span) -> str:
         return "collective"
     if span.name == names.SPAN_GENERATE:
         return "generate (functional)"
+    if span.name == names.SPAN_TRAIN_FREEZE:
+        return "block freeze"
     # Others by name: rdu.train (a DDP rank's steps) is drawn like a training kernel.
     kind = span.name.removeprefix("rdu.").replace("_", " ")
     return {"train": "train step"}.get(kind, kind)
@@ -133,8 +139,9 @@ def _describe(spans: Sequence[Span]) -> str:
 
 
 def plot_timeline(spans: Sequence[Span], job_id: str, path: Path) -> Path:
-    """A Gantt chart of the job's hardware spans; raises TraceError if it has none."""
-    ops = hardware_spans(spans)
+    """A Gantt chart of the job's hardware spans; raises TraceError if it has none.
+    Training stages are not bars of their own: they group the steps drawn already."""
+    ops = [s for s in hardware_spans(spans) if s.name != names.SPAN_TRAIN_STAGE]
     if not ops:
         raise TraceError(f"job {job_id} has no hardware spans (rdu.*) to draw a timeline of")
     t0 = min(s.emulated_start_ns for s in ops)
@@ -451,6 +458,145 @@ def plot_loss(points: Sequence[tuple[int, float]], job_id: str, path: Path) -> P
     ax.set_title(
         f"Job {job_id}: training loss, {len(points)} steps ({losses[0]:.4g} → {losses[-1]:.4g})",
         loc="left",
+    )
+    return _save(fig, path)
+
+
+# ------------------------------------------------------------------ training stages
+
+
+@dataclass(frozen=True)
+class StagePoint:
+    """One training stage as the stage figure draws it."""
+
+    name: str  # "full", "shrink block 3", "grow block 0", ...
+    peak_hbm_bytes: int  # the largest over the job's sockets
+    peak_ddr_bytes: int
+    accuracy: float | None  # the stage's model on the held-out split
+    steps: int
+    converged: bool  # ended by the movement metric
+
+
+def stage_points(spans: Sequence[Span]) -> list[StagePoint]:
+    """The stages of a training job from its `rdu.train.stage` spans (one per rank per
+    stage), in training order: peaks the largest over ranks, accuracy rank 0's."""
+    by_name: dict[str, list[Span]] = {}
+    for span in sorted(hardware_spans(spans), key=lambda s: s.emulated_start_ns):
+        if span.name == names.SPAN_TRAIN_STAGE:
+            by_name.setdefault(str(span.attributes.get(names.ATTR_TRAIN_STAGE, "?")), []).append(
+                span
+            )
+    points = []
+    for name, mine in by_name.items():
+        a = [s.attributes for s in mine]
+        accuracy = next(
+            (float(x[names.ATTR_TRAIN_ACCURACY]) for x in a if names.ATTR_TRAIN_ACCURACY in x),
+            None,
+        )
+        points.append(
+            StagePoint(
+                name,
+                max(int(x.get(names.ATTR_PEAK_BYTES.format(tier="hbm"), 0)) for x in a),
+                max(int(x.get(names.ATTR_PEAK_BYTES.format(tier="ddr"), 0)) for x in a),
+                accuracy,
+                int(a[0].get(names.ATTR_STEPS, 0)),
+                bool(a[0].get(names.ATTR_TRAIN_CONVERGED, False)),
+            )
+        )
+    return points
+
+
+def result_stage_points(result: Mapping[str, Any] | None) -> list[StagePoint]:
+    """The stages of a job result (`rdu job ID --json`); empty without any."""
+    return [
+        StagePoint(
+            str(st.get("name", "?")),
+            int(st.get("peak_hbm_bytes", 0)),
+            int(st.get("peak_ddr_bytes", 0)),
+            float(st["test_accuracy"]) if st.get("test_accuracy") is not None else None,
+            int(st.get("steps", 0)),
+            bool(st.get("converged", False)),
+        )
+        for st in (result or {}).get("stages") or []
+    ]
+
+
+def _bytes_unit(top: float) -> tuple[str, float]:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if top >= scale:
+            return unit, scale
+    return "B", 1.0
+
+
+def plot_stages(
+    points: Sequence[StagePoint], job_id: str, path: Path, hbm_cap_bytes: int = 0
+) -> Path | None:
+    """Peak HBM and DDR per stage (bars, labelled), and each stage's test accuracy
+    below (labelled points); a stage the movement metric ended is marked. None
+    (nothing written) without stages."""
+    if not points:
+        return None
+    xs = list(range(len(points)))
+    top = max(max(p.peak_hbm_bytes, p.peak_ddr_bytes) for p in points)
+    unit, scale = _bytes_unit(max(top, hbm_cap_bytes))
+    hbm_color, ddr_color, acc_color = "#1f77b4", "#8c564b", "#2ca02c"
+    fig = Figure(figsize=(max(9.0, 1.15 * len(points) + 3), 7.6), layout="constrained")
+    grid = fig.add_gridspec(2, 1, height_ratios=[3, 2])
+    ax = fig.add_subplot(grid[0])
+    width = 0.38
+    hbm = [p.peak_hbm_bytes / scale for p in points]
+    ddr = [p.peak_ddr_bytes / scale for p in points]
+    ax.bar([x - width / 2 for x in xs], hbm, width, color=hbm_color)
+    ax.bar([x + width / 2 for x in xs], ddr, width, color=ddr_color, alpha=0.75)
+    for x, h, d in zip(xs, hbm, ddr, strict=True):
+        ax.text(x - width / 2, h, f"{h:.3g}", ha="center", va="bottom", fontsize=8, color=hbm_color)
+        if d:
+            ax.text(x + width / 2, d, f"{d:.3g}", ha="center", va="bottom", fontsize=8,
+                    color=ddr_color)  # fmt: skip
+    # Direct labels instead of a legend: the tallest bar of each tier is named in place.
+    for values, dx, tier in ((hbm, -width / 2, "HBM"), (ddr, width / 2, "DDR")):
+        tallest = max(xs, key=lambda i: values[i])
+        if values[tallest]:
+            ax.text(tallest + dx, values[tallest] * 0.5, tier, rotation=90, ha="center",
+                    va="center", color="white", fontsize=9, fontweight="bold")  # fmt: skip
+    ceiling = max(hbm + ddr + [hbm_cap_bytes / scale])
+    if hbm_cap_bytes:
+        cap = hbm_cap_bytes / scale
+        ax.axhline(cap, color="#d62728", linestyle="--", linewidth=1.2)
+        ax.text(-0.55, cap * 1.02, f"HBM cap per socket: {cap:.3g} {unit}", ha="left",
+                va="bottom", color="#d62728", fontsize=9)  # fmt: skip
+    ax.set_ylim(0, ceiling * 1.25)
+    ax.set_xlim(-0.6, len(points) - 0.4)
+    ax.tick_params(axis="x", labelbottom=False)  # the stages are named below
+    ax.set_ylabel(f"peak per socket ({unit})")
+    ax.grid(axis="y", alpha=0.3)
+    ax.set_axisbelow(True)
+    ax.set_title(
+        f"Job {job_id}: peak memory of each stage on a socket (the largest over its "
+        "sockets)\nblue: HBM, brown: DDR (blocks not yet grown, output modules waiting)",
+        loc="left",
+    )
+    acc_ax = fig.add_subplot(grid[1], sharex=ax)
+    measured = [(x, p.accuracy) for x, p in zip(xs, points, strict=True) if p.accuracy is not None]
+    if measured:
+        acc_ax.plot([x for x, _ in measured], [100 * a for _, a in measured], color=acc_color,
+                    marker="o", linewidth=1.5)  # fmt: skip
+        for x, a in measured:
+            acc_ax.text(x, 100 * a + 2, f"{100 * a:.1f}%", ha="center", va="bottom", fontsize=8,
+                        color=acc_color)  # fmt: skip
+    labels = [
+        f"{p.name.replace(' block ', ' ')}\n{p.steps} steps{' ✓' if p.converged else ''}"
+        for p in points
+    ]
+    acc_ax.set_xticks(xs, labels, fontsize=8)
+    acc_ax.set_ylim(0, 112)
+    acc_ax.set_ylabel("test accuracy (%)")
+    acc_ax.grid(axis="y", alpha=0.3)
+    acc_ax.set_title(
+        "Test accuracy of each stage's model\n✓: the movement metric ended the stage "
+        "(else its step budget did)",
+        loc="left",
+        fontsize=10,
     )
     return _save(fig, path)
 

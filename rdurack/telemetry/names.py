@@ -21,6 +21,8 @@ SPAN_GENERATE = "rdu.generate"  # functional mode: a tiny expert generating toke
 SPAN_COE_BATCH = "coe.batch"  # the orchestrator serving one batch on one replica
 SPAN_TRAIN = "rdu.train"  # a segment of training steps of one DDP rank (emulated timeline)
 SPAN_NODE_TRAIN = "node_agent.train"  # a node agent driving its ranks' segment
+SPAN_TRAIN_STAGE = "rdu.train.stage"  # one stage of a rank's training (emulated timeline)
+SPAN_TRAIN_FREEZE = "rdu.train.freeze"  # a grown block frozen, the next moved in (emulated)
 
 # Instrumentation scope names (the tracer's name).
 TRACER_ORCHESTRATOR = "rdurack.orchestrator"
@@ -74,3 +76,11 @@ ATTR_RANK = "rdurack.train.rank"  # a DDP rank
 ATTR_STEP = "rdurack.train.step"  # optimizer steps done
 ATTR_ALLREDUCE_NS = "rdurack.train.allreduce_ns"  # gradient all-reduce time, emulated ns
 ATTR_EXPOSED_NS = "rdurack.train.exposed_ns"  # ... the part backward did not hide
+ATTR_TRAIN_STAGE = "rdurack.train.stage"  # a stage's name: "full", "grow block 2", ...
+ATTR_TRAIN_PHASE = "rdurack.train.phase"  # full, shrink or grow
+ATTR_TRAIN_BLOCK = "rdurack.train.block"  # the block a progressive stage trains, from 0
+ATTR_TRAIN_MOVEMENT = "rdurack.train.movement"  # the last window's effective movement
+ATTR_TRAIN_CONVERGED = "rdurack.train.converged"  # ended by the movement metric
+ATTR_TRAIN_ACCURACY = "rdurack.train.accuracy"  # the stage's test accuracy (rank 0)
+# The peak bytes of one tier during a span, {tier} one of sram, hbm, ddr.
+ATTR_PEAK_BYTES = "rdurack.memory.{tier}.peak_bytes"

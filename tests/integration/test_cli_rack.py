@@ -128,6 +128,33 @@ def test_up_submit_watch_cancel_down(tmp_path: Path) -> None:
         assert coe["switch_s"] > 0 and 0 <= coe["hbm_hit_rate"] <= 1 and coe["tokens_per_s"] > 0
         assert [r["expert"] for r in coe["per_request"]][1] == "law-contracts"
 
+        # Progressive training under an HBM cap that full training of the model cannot
+        # meet: the full job is refused in one line with the numbers, progressive runs.
+        model = ["--world-size", "2", "--global-batch", "32", "--blocks", "3", "--hidden", "32"]
+        cap = ["--hbm-cap-bytes", "50000", "--steps", "4", "--dataset", "synthetic"]
+        full = rdu("submit", "train", *model, *cap, "--wait", "--json", *address)
+        assert full.returncode == 2 and len(full.stderr.splitlines()) == 1, full.stderr
+        assert "HBM cannot hold" in full.stderr and "50,000 bytes free" in full.stderr
+        grown = _json(
+            rdu("submit", "train", "--strategy", "progressive", *model, *cap, "--wait",
+                "--json", *address)
+        )  # fmt: skip
+        assert grown["state"] == "SUCCEEDED", grown
+        assert grown["strategy"] == "progressive" and grown["peak_hbm_bytes"] <= 50_000
+        assert [st["name"] for st in grown["stages"]][::3] == ["shrink block 2", "grow block 0"]
+        for key in ("test_accuracy", "final_loss", "step_time_s", "samples_per_s", "memory"):
+            assert grown[key] is not None, key
+        assert [m["socket_id"] for m in grown["socket_memory"]] == ["rdu-n0-s0", "rdu-n0-s1"]
+        # `rdu plot` draws its stages from the trace files (flushed every 0.5 s).
+        plots, stages_png = tmp_path / "plots", f"{grown['job_id']}-stages.png"
+        deadline = time.monotonic() + 30
+        while not (plots / stages_png).is_file():
+            assert time.monotonic() < deadline, "no stage figure within 30 s"
+            drawn = rdu("plot", grown["job_id"], "--out", str(plots), "--state-dir", str(state))
+            time.sleep(0.5)
+        assert drawn.returncode == 0, drawn.stderr
+        assert (plots / f"{grown['job_id']}-timeline.png").is_file()
+
         listed = _json(rdu("jobs", "--json", *address))["jobs"]
         assert job["job_id"] in [j["job_id"] for j in listed]
         assert _json(rdu("job", job["job_id"], "--json", *address))["state"] == "SUCCEEDED"

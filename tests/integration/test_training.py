@@ -7,6 +7,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import numpy as np
 import pytest
 
@@ -15,6 +16,8 @@ from rdurack.orchestrator.orchestrator import Orchestrator
 from rdurack.orchestrator.store import JobStore
 from rdurack.rack.models import builtin_models
 from rdurack.rack.presets import platform
+from rdurack.rack.spec import Tier
+from rdurack.services import training_convert
 from rdurack.services.cli_rack import _job_dict
 from rdurack.services.client import run_training_loop
 from rdurack.services.gateway import GrpcNodeGateway
@@ -22,8 +25,9 @@ from rdurack.services.grpc_server import Server, channel
 from rdurack.services.job_service import JOB_SERVICE, RACK_SERVICE, JobService, RackService
 from rdurack.v1 import common_pb2, job_pb2, job_pb2_grpc
 from rdurack.workloads.training.checkpoint import latest, load
-from rdurack.workloads.training.job import TrainingWorkload, predict_scaling
+from rdurack.workloads.training.job import TrainingWorkload, numpy_plan, predict_scaling
 from rdurack.workloads.training.loop import train_threaded
+from rdurack.workloads.training.shrunken import largest_shrunken
 from tests.integration import test_control_plane as cp
 from tests.integration.conftest import ServedAgent, start_agents, stop_agents
 from tests.integration.test_control_plane import FAILED, SUCCEEDED, Control, submit, wait_terminal
@@ -180,6 +184,81 @@ def test_timing_mode_agrees_with_the_ddp_scaling_prediction(trainer: Control) ->
     # Rank 0, the root of DDP's initial broadcast, runs ahead of the others and waits
     # for them at the first all-reduce, which the prediction leaves out: 15% on 3 steps.
     assert r.step_time_s == pytest.approx(predicted.step_s, rel=0.15)
+
+
+# ------------------------------------------------------------------ progressive training (ProFL)
+
+# The default configuration of docs/training.md: a 4-block MLP on digits, DDP over 4
+# sockets. Full training: 30 epochs; progressive: at most 5 epochs a stage.
+PROFL = TrainingWorkload(world_size=4, global_batch=64, blocks=4, hidden=64, epochs=30)
+HBM_CAP = 128_000  # bytes of HBM per socket: under full training's peak, over progressive's
+
+
+def job_of(w: TrainingWorkload) -> job_pb2.JobSpec:
+    return job_pb2.JobSpec(
+        name="profl-test",
+        training=training_convert.workload_to_proto(w),
+        payload_mode=common_pb2.PAYLOAD_MODE_FUNCTIONAL,
+    )
+
+
+def test_progressive_training_runs_under_a_cap_full_training_cannot_meet(
+    trainer: Control,
+) -> None:
+    rack = platform("sn40l-rack16")
+    capped = PROFL.model_copy(update={"hbm_cap_bytes": HBM_CAP})
+    with pytest.raises(grpc.RpcError) as refused:
+        submit(trainer.jobs, job_of(capped))
+    err = refused.value
+    details = err.details() or ""
+    assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, details
+    asked = numpy_plan(PROFL, rack).peak(Tier.HBM)
+    assert f"HBM cannot hold {asked:,} bytes" in details
+    assert f"{HBM_CAP:,} bytes free" in details and "hbm_cap_bytes" in details
+
+    progressive = capped.model_copy(update={"strategy": "progressive", "epochs": 5})
+    shrunk = largest_shrunken(capped, rack)  # trained fully: full training's 30 epochs
+    assert shrunk.workload.epochs == 30 and shrunk.workload.strategy == "full"
+    specs = {"full": PROFL, "progressive": progressive, "shrunken": shrunk.workload}
+    ids = {name: submit(trainer.jobs, job_of(w)).id for name, w in specs.items()}  # 12 sockets
+    done = wait_terminal(trainer.jobs, ids.values(), timeout_s=600)
+    jobs = {name: done[i] for name, i in ids.items()}
+    for name, job in jobs.items():
+        assert job.state == SUCCEEDED, (name, job.error_message)
+    full, prog, base = (jobs[n].result.training for n in ("full", "progressive", "shrunken"))
+
+    # Memory: every socket's HBM peak as planned; progressive's at least 40% below.
+    assert full.peak_hbm_bytes == asked
+    assert [m.peak_hbm_bytes for m in full.socket_memory] == [asked] * 4
+    assert prog.peak_hbm_bytes <= HBM_CAP < full.peak_hbm_bytes
+    assert prog.peak_hbm_bytes <= 0.6 * full.peak_hbm_bytes, (prog.peak_hbm_bytes, asked)
+    assert prog.peak_ddr_bytes > 0 == full.peak_ddr_bytes  # blocks not yet grown wait in DDR
+    plan = numpy_plan(progressive, rack)
+    assert [s.peak_hbm_bytes for s in prog.stages] == [p.peak_bytes["hbm"] for p in plan.stages]
+    # Shrinking back to front, then growing front to back; the steps add up.
+    assert [s.name for s in prog.stages] == [f"shrink block {i}" for i in (3, 2, 1, 0)] + [
+        f"grow block {i}" for i in range(4)
+    ]
+    assert sum(s.steps for s in prog.stages) == prog.steps_completed <= 8 * 105
+    assert all(s.HasField("test_accuracy") for s in prog.stages)
+    assert [s.name for s in full.stages] == ["full"] and full.steps_completed == 30 * 21
+
+    # Accuracy within 2 points of full training. Against the shrunken model the paper
+    # reports a win; on digits the two are within a point of each other, either way
+    # round by seed (docs/training.md), so only that is asserted, not a win.
+    assert prog.test_accuracy >= full.test_accuracy - 0.02, (prog.test_accuracy, full.test_accuracy)
+    assert base.peak_hbm_bytes == shrunk.peak_hbm_bytes <= HBM_CAP
+    assert abs(prog.test_accuracy - base.test_accuracy) <= 0.01, base.test_accuracy
+    view = _job_dict(jobs["progressive"])  # what `rdu submit train --json` prints
+    assert view["strategy"] == "progressive" and len(view["stages"]) == 8
+    assert view["stages"][-1]["peak_hbm_bytes"] == prog.stages[-1].peak_hbm_bytes
+    print(
+        f"\nProFL default config: full {full.test_accuracy:.4f}, {asked:,} B HBM; "
+        f"progressive {prog.test_accuracy:.4f}, {prog.peak_hbm_bytes:,} B "
+        f"({1 - prog.peak_hbm_bytes / asked:.1%} less), {prog.steps_completed} steps; "
+        f"shrunken ({shrunk.family}) {shrunk.workload.blocks}x{shrunk.workload.hidden} "
+        f"{base.test_accuracy:.4f}, {base.peak_hbm_bytes:,} B"
+    )
 
 
 # ------------------------------------------------------------------ recovery, on a rack of its own

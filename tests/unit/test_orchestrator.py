@@ -359,4 +359,18 @@ def test_impossible_training_jobs_are_refused_before_they_are_stored(
         orch.submit(training(world_size=9, global_batch=9))  # not rail-aligned
     with pytest.raises(OneProcessPerSocket, match="one process per socket"):
         orch.submit(training(world_size=16).model_copy(update={"platform": "dgx-a100"}))
+    # Under an HBM cap per socket: full training of a 4-block MLP does not fit (the
+    # numbers: tier, asked, free under the cap), progressive training of it does.
+    capped = TrainingWorkload(
+        blocks=4, hidden=64, world_size=4, global_batch=64, hbm_cap_bytes=128_000
+    )
+    with pytest.raises(OutOfMemory, match="under hbm_cap_bytes 128,000") as err:
+        orch.submit(JobSpec(payload_mode="functional", workload=capped))
+    assert (err.value.tier, err.value.asked_bytes, err.value.free_bytes) == (
+        "hbm",
+        228_600,
+        128_000,
+    )
     assert orch.jobs() == []
+    progressive = capped.model_copy(update={"strategy": "progressive"})
+    orch.validate(JobSpec(payload_mode="functional", workload=progressive))

@@ -301,3 +301,123 @@ def test_transfer_chunks_are_either_header_or_data() -> None:
     assert list(back.header.shape) == [2, 3]
     assert back.header.timing_only is False
     assert link_pb2.TransferChunk.FromString(data.SerializeToString()).data == b"\x00" * 24
+
+
+# ------------------------------------------------------------------ training, both ways
+
+
+def test_a_progressive_training_spec_round_trips_with_its_cap_and_freezing() -> None:
+    from rdurack.services import training_convert
+    from rdurack.workloads.training.job import TrainingWorkload
+
+    w = TrainingWorkload(
+        strategy="progressive",
+        blocks=4,
+        hidden=64,
+        hbm_cap_bytes=2**40,  # beyond 32 bits: a uint64 on the wire
+        freeze_window=30,
+        freeze_threshold=0.4,
+        epochs=5,
+    )
+    msg = training_convert.workload_to_proto(w)
+    assert (msg.strategy, msg.blocks, msg.hbm_cap_bytes) == ("progressive", 4, 2**40)
+    assert (msg.freeze_window, msg.freeze_threshold) == (30, 0.4)
+    back = job_pb2.TrainingJob.FromString(msg.SerializeToString())
+    assert TrainingWorkload.model_validate(training_convert.workload_from_proto(back)) == w
+    # Zero means the default: full training, one block, no cap, the metric's defaults.
+    plain = TrainingWorkload.model_validate(
+        training_convert.workload_from_proto(job_pb2.TrainingJob())
+    )
+    assert (plain.strategy, plain.blocks, plain.hbm_cap_bytes) == ("full", 1, 0)
+    assert (plain.freeze_window, plain.freeze_threshold) == (25, 0.45)
+
+
+def _stage(phase: str, block: int | None, converged: bool) -> dict[str, object]:
+    return {
+        "phase": phase,
+        "block": block,
+        "start_step": 10,
+        "steps": 25,
+        "converged": converged,
+        "frozen_at_step": 35 if converged else None,
+        "movement": 0.3,
+        "loss": 0.5,
+        "test_accuracy": 0.9 if block != 1 else None,
+        "peak_bytes": {"sram": 0, "hbm": 2**33, "ddr": 7},
+        "emulated_s": 0.25,
+    }
+
+
+def test_a_ranks_report_round_trips_with_its_stages_and_tier_peaks() -> None:
+    from rdurack.services import training_convert
+    from rdurack.workloads.training.job import RankReport
+
+    report = RankReport(
+        socket_id="rdu-n1-s2",
+        rank=10,
+        step=35,
+        total=40,
+        finished=True,
+        losses=[0.5],
+        start_ns=1,
+        end_ns=2**40,
+        steps_began_ns=5,
+        compute_ns=3,
+        all_reduce_ns=4,
+        exposed_ns=1,
+        memory={
+            "weights": 1,
+            "gradients": 2,
+            "optimizer": 3,
+            "activations": 4,
+            "movement": 5,
+            "total": 15,
+        },
+        hbm_peak_bytes=2**33,
+        result={
+            "diagnostics": [],
+            "samples_seen": 8,
+            "start_step": 0,
+            "checkpoints": [],
+            "test_accuracy": None,
+            "final_loss": 0.5,
+            "stages": [_stage("shrink", 1, False), _stage("grow", 0, True)],
+        },
+        peak_bytes={"sram": 0, "hbm": 2**33, "ddr": 7},
+        stage="grow block 0",
+    )
+    msg = training_convert.report_to_proto(report)
+    assert [s.name for s in msg.stages] == ["shrink block 1", "grow block 0"]
+    assert not msg.stages[0].HasField("frozen_at_step") and msg.stages[1].frozen_at_step == 35
+    wire = type(msg).FromString(msg.SerializeToString())
+    assert training_convert.report_from_proto(wire) == report
+
+
+def test_a_training_result_carries_stages_and_each_sockets_peaks() -> None:
+    from rdurack.orchestrator.training_job import stage_fields
+    from rdurack.services import job_convert
+
+    stages = [stage_fields([_stage("full", None, False), _stage("full", None, False)])]
+    result = {
+        "kind": "training",
+        "strategy": "progressive",
+        "hbm_cap_bytes": 128_000,
+        "peak_hbm_bytes": 2**33,
+        "peak_ddr_bytes": 7,
+        "socket_memory": [
+            {
+                "socket_id": "rdu-n0-s0",
+                "peak_sram_bytes": 0,
+                "peak_hbm_bytes": 2**33,
+                "peak_ddr_bytes": 7,
+            },
+        ],
+        "stages": stages,
+    }
+    msg = job_convert.result_to_proto(result).training
+    assert msg.strategy == "progressive" and msg.hbm_cap_bytes == 128_000
+    assert msg.socket_memory[0].peak_hbm_bytes == 2**33 and msg.peak_ddr_bytes == 7
+    (stage,) = msg.stages
+    assert (stage.name, stage.phase, stage.HasField("block")) == ("full", "full", False)
+    assert (stage.steps, stage.peak_hbm_bytes, stage.test_accuracy) == (25, 2**33, 0.9)
+    assert stage.final_loss == 0.5 and stage.emulated_s == 0.25

@@ -359,3 +359,53 @@ def test_a_socket_keeps_its_own_name_and_an_endpoint_gets_a_large_batch_queue() 
 def test_a_disabled_sdk_installs_nothing() -> None:
     code = "from rdurack.telemetry import setup\nprint(setup.configure('x'))\n"
     assert _python(code, OTEL_SDK_DISABLED="true") == "None"
+
+
+def test_progressive_training_traces_each_stage_and_each_block_freeze(
+    spans: tuple[TracerProvider, InMemorySpanExporter],
+) -> None:
+    from rdurack.rack.spec import Tier
+    from rdurack.workloads.training.job import TrainingWorkload
+
+    provider, exporter = spans
+    s = Socket("rdu-n0-s0", RACK, tracer_provider=provider)
+    w = TrainingWorkload(
+        strategy="progressive",
+        blocks=3,
+        hidden=32,
+        world_size=1,
+        global_batch=64,
+        steps=6,
+        dataset="synthetic",  # no scikit-learn import for six steps
+    )
+    try:
+        s.reserve(JOB)
+        report = s.train(JOB, w, [s.name])
+        assert report.finished and len(report.result["stages"]) == 6
+        assert report.peak_bytes["ddr"] > 0  # blocks waited in DDR ...
+        s.release(JOB)
+        assert s.memory.allocations() == []  # ... and nothing is left behind
+    finally:
+        s.close()
+    done = exporter.get_finished_spans()
+    stages = [x for x in done if x.name == names.SPAN_TRAIN_STAGE]
+    freezes = sorted(
+        (x for x in done if x.name == names.SPAN_TRAIN_FREEZE), key=lambda x: x.start_time or 0
+    )
+    got = [str((x.attributes or {})[names.ATTR_TRAIN_STAGE]) for x in stages]
+    assert got == [f"shrink block {i}" for i in (2, 1, 0)] + [f"grow block {i}" for i in range(3)]
+    for x, r in zip(stages, report.result["stages"], strict=True):
+        a = x.attributes or {}
+        assert a[names.ATTR_PEAK_BYTES.format(tier="hbm")] == r["peak_bytes"]["hbm"]
+        assert a[names.ATTR_TRAIN_ACCURACY] == r["test_accuracy"]
+        assert a[names.ATTR_STEPS] == r["steps"]
+        assert a[names.ATTR_EMULATED_NS] == pytest.approx(r["emulated_s"] * 1e9, abs=1)
+    assert [(x.attributes or {})[names.ATTR_TRAIN_BLOCK] for x in freezes] == [0, 1, 2]
+    # Freezing block i brings block i+1 and its output module from DDR: a copy at the
+    # socket's DDR->HBM bandwidth; nothing follows the last.
+    split_bytes = {1: (32 * 32 + 32 + 10 * 32 + 10) * 4, 2: (32 * 32 + 32 + 10 * 32 + 10) * 4}
+    copy = {i: s.memory.copy_time_s(n, Tier.DDR, Tier.HBM) for i, n in split_bytes.items()}
+    durations = [(x.attributes or {})[names.ATTR_EMULATED_NS] for x in freezes]
+    assert durations[0] == pytest.approx(copy[1] * 1e9, abs=2)
+    assert durations[1] == pytest.approx(copy[2] * 1e9, abs=2)
+    assert durations[2] == 0

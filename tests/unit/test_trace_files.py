@@ -38,13 +38,17 @@ from rdurack.services.trace_files import (
     write_trace,
 )
 from rdurack.services.trace_plots import (
+    StagePoint,
     loss_points,
     memory_series,
     plot_loss,
     plot_memory,
     plot_paper,
+    plot_stages,
     plot_timeline,
+    result_stage_points,
     span_loss_points,
+    stage_points,
 )
 from rdurack.telemetry import names, setup
 from rdurack.telemetry.file_export import JsonlSpanExporter, file_name
@@ -699,6 +703,41 @@ def test_loss_points_from_a_result_or_from_spans() -> None:
 
     spans = [rank("rdu-n0-s0", 1, 2.0), rank("rdu-n0-s1", 1, 1.0), rank("rdu-n0-s0", 2, 0.5)]
     assert span_loss_points(spans) == [(1, 1.5), (2, 0.5)]  # the mean over the ranks
+
+
+def test_the_stage_figure_from_stage_spans_or_from_a_result(tmp_path: Path) -> None:
+    def stage(sid: str, name: str, start: int, hbm: int, accuracy: float | None) -> Span:
+        attributes: dict[str, Any] = {
+            names.ATTR_EMULATED_START_NS: start,
+            names.ATTR_EMULATED_NS: 10,
+            names.ATTR_TRAIN_STAGE: name,
+            names.ATTR_STEPS: 25,
+            names.ATTR_TRAIN_CONVERGED: name.startswith("grow"),
+            "rdurack.memory.hbm.peak_bytes": hbm,
+            "rdurack.memory.ddr.peak_bytes": 1000 - hbm,
+        }
+        if accuracy is not None:
+            attributes[names.ATTR_TRAIN_ACCURACY] = accuracy
+        return Span("1" * 32, f"{start:016x}", None, "rdu.train.stage", sid, 1, 0, 1,
+                    attributes=attributes)  # fmt: skip
+
+    spans = [
+        stage("rdu-n0-s1", "grow block 0", 200, 400, None),
+        stage("rdu-n0-s0", "shrink block 0", 100, 500, 0.9),
+        stage("rdu-n0-s1", "shrink block 0", 100, 600, None),
+        stage("rdu-n0-s0", "grow block 0", 200, 300, 0.95),
+    ]
+    points = stage_points(spans)
+    # Training order; the largest peak over the ranks; rank 0's accuracy.
+    assert points == [
+        StagePoint("shrink block 0", 600, 500, 0.9, 25, False),
+        StagePoint("grow block 0", 400, 700, 0.95, 25, True),
+    ]
+    result = {"stages": [{"name": "full", "peak_hbm_bytes": "228600", "steps": 630,
+                          "test_accuracy": 0.97}]}  # fmt: skip
+    assert result_stage_points(result) == [StagePoint("full", 228600, 0, 0.97, 630, False)]
+    assert result_stage_points(None) == [] and plot_stages([], "j", tmp_path / "x.png") is None
+    _png(plot_stages(points, "j", tmp_path / "stages.png", hbm_cap_bytes=650))
 
 
 def test_loss_and_paper_plots(tmp_path: Path) -> None:

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from rdurack.rack.errors import InvalidRequest
-from rdurack.workloads.training.arrays import Array
+from rdurack.workloads.training.arrays import Array, Params
 from rdurack.workloads.training.diagnostics import REPLICAS_DIFFER, Diagnostic
 from rdurack.workloads.training.distributed import Distributed, ReduceOp
 from rdurack.workloads.training.models import Model
@@ -82,6 +82,27 @@ def assign_buckets(
     if names:
         buckets.append(Bucket(len(buckets), tuple(names), numel, nbytes))
     return buckets
+
+
+def broadcast_parameters(dist: Distributed, params: Params) -> None:
+    """Rank 0's parameters to every rank, in place, coalesced into flat buffers of at
+    most BROADCAST_BUCKET_BYTES (torch's `_sync_module_states`). A collective."""
+    groups: list[list[str]] = [[]]
+    nbytes = 0
+    for name, p in params.items():
+        if groups[-1] and nbytes + p.nbytes > BROADCAST_BUCKET_BYTES:
+            groups.append([])
+            nbytes = 0
+        groups[-1].append(name)
+        nbytes += p.nbytes
+    for group in groups:
+        flat = np.concatenate([params[name].ravel() for name in group])
+        dist.broadcast(flat, src=0)
+        offset = 0
+        for name in group:
+            p = params[name]
+            p[...] = flat[offset : offset + p.size].reshape(p.shape)
+            offset += p.size
 
 
 class DistributedDataParallel:
@@ -156,24 +177,7 @@ class DistributedDataParallel:
     # ------------------------------------------------------------ replica consistency
 
     def _broadcast_parameters(self) -> None:
-        """Rank 0's parameters to every rank, coalesced into flat buffers."""
-        params = self.module.params
-        groups: list[list[str]] = [[]]
-        nbytes = 0
-        for name, p in params.items():
-            if groups[-1] and nbytes + p.nbytes > BROADCAST_BUCKET_BYTES:
-                groups.append([])
-                nbytes = 0
-            groups[-1].append(name)
-            nbytes += p.nbytes
-        for group in groups:
-            flat = np.concatenate([params[name].ravel() for name in group])
-            self.dist.broadcast(flat, src=0)
-            offset = 0
-            for name in group:
-                p = params[name]
-                p[...] = flat[offset : offset + p.size].reshape(p.shape)
-                offset += p.size
+        broadcast_parameters(self.dist, self.module.params)
 
     def _checksums(self) -> Array:
         """Per parameter: sum, sum of squares and a position-weighted sum, in float64

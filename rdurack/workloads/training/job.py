@@ -19,8 +19,13 @@ Memory per rank (bytes, in HBM):
   (SGD with momentum: 4 bytes/param; Adam: 8); activations kept for backward per layer
   `s·b·h·(34 + 5·a·s/h)` bytes (Korthikanti et al., "Reducing Activation Recomputation
   in Large Transformer Models", MLSys 2023, Sec. 4.1, no recomputation);
-- numpy models: their real parameter, gradient and optimizer-state arrays; activations
-  as the arrays kept for backward (each layer's input, the local batch wide).
+- numpy models: what the loop's memory account will hold, per stage of the strategy,
+  measured on the model's own arrays before the job runs (memory_plan.py): parameters,
+  gradients, the optimizer's state, what forward keeps for backward, the progressive
+  freezing metric's sample. The rank's memory is the stage with the highest HBM.
+
+`hbm_cap_bytes` (> 0) caps a job's HBM per socket below the socket's capacity, for
+either strategy: a job whose planned peak does not fit under it is refused.
 """
 
 from __future__ import annotations
@@ -35,14 +40,19 @@ from rdurack.rack.collectives import Algorithm, all_reduce
 from rdurack.rack.errors import OutOfMemory, UnknownName
 from rdurack.rack.kernels import FusionPlan, Phase
 from rdurack.rack.models import ModelSpec
-from rdurack.rack.spec import Config, PlatformSpec
+from rdurack.rack.spec import Config, PlatformSpec, Tier
 from rdurack.rack.topology import SocketId, Topology
 from rdurack.workloads.predictor import Predictor
+from rdurack.workloads.training.arrays import Params
 from rdurack.workloads.training.ddp import DEFAULT_BUCKET_CAP_BYTES, assign_buckets
 from rdurack.workloads.training.distributed import DEFAULT_TIMEOUT_S, MAX_WORLD_SIZE
-from rdurack.workloads.training.loop import TrainSpec
-from rdurack.workloads.training.models import build_model
+from rdurack.workloads.training.loop import TrainSpec, data_shape
+from rdurack.workloads.training.memory_plan import MemoryPlan, plan_memory
+from rdurack.workloads.training.models import Model
+from rdurack.workloads.training.movement import DEFAULT_THRESHOLD, DEFAULT_WINDOW_STEPS
 from rdurack.workloads.training.overlap import OverlapTiming, overlap, split_by_bytes
+from rdurack.workloads.training.progressive import Strategy
+from rdurack.workloads.training.strategy import Trainee
 
 NUMPY_MODELS = ("mlp", "transformer")
 MAX_LOOP_BYTES = 1 << 20  # a pickled training function, within gRPC's 4 MB messages
@@ -79,7 +89,15 @@ class TrainingWorkload(Config):
     wall_timeout_s: float = Field(default=60.0, gt=0, le=3600)
     broadcast_parameters: bool = True  # False: the article's mistake, diagnosed
     sampler: Literal["distributed", "none"] = "distributed"  # "none": the other one
-    strategy: Literal["full"] = "full"
+    # "full" trains the whole model; "progressive" (ProFL) an MLP block by block.
+    strategy: Strategy = "full"
+    blocks: int = Field(default=1, ge=1, le=64)  # the MLP's hidden layers (its blocks)
+    # Progressive: a block freezes at the end of the first window of `freeze_window`
+    # steps whose effective movement is below `freeze_threshold` (movement.py).
+    freeze_window: int = Field(default=DEFAULT_WINDOW_STEPS, ge=2, le=10_000)
+    freeze_threshold: float = Field(default=DEFAULT_THRESHOLD, gt=0, lt=1)
+    # The job's HBM per socket, bytes; 0: the socket's capacity.
+    hbm_cap_bytes: int = Field(default=0, ge=0)
     bucket_cap_bytes: int = Field(default=DEFAULT_BUCKET_CAP_BYTES, ge=1)
     # The Python client's own train_loop_per_worker(ctx), cloudpickled; empty: the
     # built-in loop. It runs in the socket actors: whoever may submit jobs may run code.
@@ -92,6 +110,20 @@ class TrainingWorkload(Config):
                 f"global_batch {self.global_batch} is not divisible by world_size "
                 f"{self.world_size}: each rank takes global_batch / world_size samples a step"
             )
+        if self.blocks != 1 and self.model != "mlp":
+            raise ValueError(f"blocks: {self.model} is one block; only the mlp takes blocks")
+        if self.strategy == "progressive":
+            if self.model != "mlp" or self.blocks < 2 or self.loop:
+                raise ValueError(
+                    "strategy progressive trains the mlp block by block: use model mlp with "
+                    f"blocks >= 2 and the built-in loop (got {self.model!r}, blocks "
+                    f"{self.blocks}{', a client loop' if self.loop else ''})"
+                )
+            if self.checkpoint_every:
+                raise ValueError(
+                    "checkpoint_every: progressive training does not checkpoint (its stages "
+                    "and freezing state are not saved); use 0"
+                )
         return self
 
     @property
@@ -112,6 +144,10 @@ class TrainingWorkload(Config):
         return TrainSpec(
             model=self.model,  # a numpy model: callers check `functional`
             hidden=self.hidden,
+            blocks=self.blocks,
+            strategy=self.strategy,
+            freeze_window=self.freeze_window,
+            freeze_threshold=self.freeze_threshold,
             dataset=self.dataset,
             world_size=self.world_size,
             global_batch=self.global_batch,
@@ -138,10 +174,11 @@ class RankMemory:
     gradients: int
     optimizer: int
     activations: int
+    movement: int = 0  # progressive: the freezing metric's sample
 
     @property
     def total(self) -> int:
-        return self.weights + self.gradients + self.optimizer + self.activations
+        return self.weights + self.gradients + self.optimizer + self.activations + self.movement
 
     def to_dict(self) -> dict[str, int]:
         return {**asdict(self), "total": self.total}
@@ -181,6 +218,8 @@ class RankReport:
     hbm_peak_bytes: int
     result: dict[str, Any] = field(default_factory=dict)  # RankResult.to_dict() at the end
     loop_result: bytes = b""  # a user loop's return value, pickled
+    peak_bytes: dict[str, int] = field(default_factory=dict)  # tier -> the job's peak here
+    stage: str = ""  # the stage the last step belonged to
 
 
 def step_cost(
@@ -214,30 +253,47 @@ def step_cost(
 
 
 def _numpy_cost(w: TrainingWorkload, platform: PlatformSpec) -> StepCost:
-    features, classes = (64, 10)  # digits: 8x8 images, 10 classes; synthetic defaults alike
-    model = build_model(w.model, features, classes, w.seed, w.hidden)  # type: ignore[arg-type]
-    params = model.params
-    nbytes = sum(p.nbytes for p in params.values())
-    count = sum(p.size for p in params.values())
+    spec = w.train_spec()
+    plan = plan_memory(spec, platform.socket)
+    features, classes = data_shape(spec)
+    model = Trainee("full", spec.model, features, classes, w.seed, w.hidden, w.blocks).model
+    return model_cost(model, w, platform, RankMemory(**plan.peak_stage(Tier.HBM).hbm_parts()))
+
+
+def numpy_plan(w: TrainingWorkload, platform: PlatformSpec) -> MemoryPlan:
+    """A numpy model's memory, stage by stage (memory_plan.py)."""
+    return plan_memory(w.train_spec(), platform.socket)
+
+
+def model_cost(
+    model: Model, w: TrainingWorkload, platform: PlatformSpec, memory: RankMemory
+) -> StepCost:
+    """One step of a numpy model: forward over every parameter it uses (frozen ones
+    too), backward over those it trains, its gradient buckets."""
+    trained, frozen = model.params, model.frozen
     tokens = 8 if w.model == "transformer" else 1  # the transformer reads 8 tokens
-    flops = 2.0 * count * w.local_batch * tokens  # forward; backward twice that
+    flops = 2.0 * (_count(trained) + _count(frozen)) * w.local_batch * tokens  # forward
+    trained_flops = 2.0 * _count(trained) * w.local_batch * tokens
     kernels = platform.socket.kernels
     eff_flops = platform.socket.peak_flops_per_s * kernels.compute_efficiency
     eff_bw = platform.socket.hbm.bandwidth_bytes_per_s * kernels.memory_efficiency
     launch = (kernels.launch_ho_ns or kernels.launch_so_ns) * 1e-9
+    nbytes = _bytes(trained) + _bytes(frozen)
     forward = launch + max(flops / eff_flops, nbytes / eff_bw)
-    backward = launch + max(2 * flops / eff_flops, 2 * nbytes / eff_bw)
+    # Backward: twice the forward of what trains (the usual 2:1), nothing for frozen blocks.
+    backward = launch + max(2 * trained_flops / eff_flops, 2 * _bytes(trained) / eff_bw)
     buckets = assign_buckets(
-        [(n, p.size, p.itemsize) for n, p in params.items()], w.bucket_cap_bytes
-    )
-    widths = _layer_inputs(w, features)
-    memory = RankMemory(
-        weights=nbytes,
-        gradients=nbytes,
-        optimizer=nbytes * _state_per_param(w) // FP32,
-        activations=w.local_batch * widths * 4,  # float32 arrays kept for backward
+        [(n, p.size, p.itemsize) for n, p in trained.items()], w.bucket_cap_bytes
     )
     return StepCost(forward, backward, tuple(b.nbytes for b in buckets), memory)
+
+
+def _count(params: Params) -> int:
+    return sum(p.size for p in params.values())
+
+
+def _bytes(params: Params) -> int:
+    return sum(p.nbytes for p in params.values())
 
 
 def _state_per_param(w: TrainingWorkload) -> int:
@@ -247,26 +303,38 @@ def _state_per_param(w: TrainingWorkload) -> int:
     return FP32 if w.momentum else 0
 
 
-def _layer_inputs(w: TrainingWorkload, features: int) -> int:
-    """Values per sample the numpy model keeps for backward."""
-    if w.model == "mlp":
-        return features + w.hidden + 10
-    d_model = 32  # TransformerClassifier's default width
-    return 8 * (features // 8 + 8 * d_model + w.hidden) + 8 * 8 * 4  # + attention weights
+def hbm_limit(w: TrainingWorkload, platform: PlatformSpec) -> int:
+    """HBM a rank of `w` may use on a socket: the cap, or the socket's capacity."""
+    capacity = platform.socket.hbm.capacity_bytes
+    return min(w.hbm_cap_bytes, capacity) if w.hbm_cap_bytes else capacity
 
 
 def check_fits(w: TrainingWorkload, platform: PlatformSpec, cost: StepCost) -> None:
-    """Refuse, before the first step, a rank whose memory does not fit a socket's HBM."""
-    cap = platform.socket.hbm.capacity_bytes
-    if cost.memory.total > cap:
-        parts = ", ".join(f"{k} {v / 1e9:.2f} GB" for k, v in cost.memory.to_dict().items())
+    """Refuse, before the first step, a rank whose memory does not fit a socket's HBM
+    (or the job's HBM cap)."""
+    limit = hbm_limit(w, platform)
+    if cost.memory.total > limit:
+        parts = ", ".join(
+            f"{k} {_size(v)}" for k, v in cost.memory.to_dict().items() if v and k != "total"
+        )
+        capped = limit < platform.socket.hbm.capacity_bytes
+        cap = f" under hbm_cap_bytes {w.hbm_cap_bytes:,}" if capped else ""
         raise OutOfMemory(
             f"{platform.name} socket (each of {w.world_size} ranks)",
             "hbm",
             cost.memory.total,
-            cap,
-            what=f"{w.model} training, batch {w.local_batch} per rank ({parts})",
+            limit,
+            what=f"{w.model} training ({w.strategy}){cap}, batch {w.local_batch} per rank "
+            f"({parts})",
         )
+
+
+def _size(nbytes: int) -> str:
+    """Bytes in decimal units, three figures: 91.2 GB, 64.2 kB."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.3g} {unit}"
+    return f"{nbytes} B"
 
 
 def ranks_of(sockets: list[str]) -> list[str]:

@@ -14,6 +14,13 @@ Two of the article's mistakes can be switched on to see them diagnosed:
 agree) and `sampler="none"` (a loader without DistributedSampler: every rank walks the
 whole dataset in the same order, so the ranks process the same samples).
 
+The strategy (progressive.py) sets the stages: `full` trains the whole model in one
+stage; `progressive` (ProFL) trains an MLP block by block, shrinking then growing, each
+block until its effective movement (movement.py) says it has converged or its stage's
+step budget (`steps` / `epochs`, per stage) is spent. Data order runs on across stages
+(the sampler's epochs continue). A `MemoryAccount` in the context mirrors what the rank
+holds, stage by stage, on its socket's tiers (memory.py).
+
 `train_threaded(spec)` runs every rank on a thread of a `ThreadGroup`; the cluster runs
 `train` in each socket actor over its gRPC links instead.
 """
@@ -31,23 +38,39 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from rdurack.rack.errors import InvalidRequest
+from rdurack.rack.memory import TieredMemory
+from rdurack.rack.presets import platform as preset
+from rdurack.rack.spec import PlatformSpec, Tier
 from rdurack.rack.topology import SocketId
 from rdurack.workloads.training.arrays import Array, Params, copy_params
 from rdurack.workloads.training.backend import Backend, ThreadGroup
 from rdurack.workloads.training.checkpoint import TrainingState, latest, load, save
 from rdurack.workloads.training.data import Dataset, Split, digits, synthetic
-from rdurack.workloads.training.ddp import DEFAULT_BUCKET_CAP_BYTES, DistributedDataParallel
+from rdurack.workloads.training.ddp import (
+    DEFAULT_BUCKET_CAP_BYTES,
+    DistributedDataParallel,
+    broadcast_parameters,
+)
 from rdurack.workloads.training.diagnostics import DUPLICATE_SAMPLES, Diagnostic
 from rdurack.workloads.training.distributed import (
     DEFAULT_TIMEOUT_S,
     MAX_WORLD_SIZE,
     Distributed,
 )
-from rdurack.workloads.training.models import Model, build_model
+from rdurack.workloads.training.memory import MemoryAccount
+from rdurack.workloads.training.models import Model
+from rdurack.workloads.training.movement import (
+    DEFAULT_THRESHOLD,
+    DEFAULT_WINDOW_STEPS,
+    EffectiveMovement,
+)
 from rdurack.workloads.training.optim import SGD, Adam, Optimizer
+from rdurack.workloads.training.progressive import Stage, StageReport, Strategy
 from rdurack.workloads.training.sampler import DistributedSampler
+from rdurack.workloads.training.strategy import Trainee
 
 DIGITS_CLASSES = 10
+DIGITS_FEATURES = 64  # 8×8 pixels
 SOCKETS_PER_NODE = 8  # SN40L node: rank r runs on socket r % 8 of node r // 8
 
 
@@ -58,6 +81,10 @@ class TrainSpec(BaseModel):
 
     model: Literal["mlp", "transformer"] = "mlp"
     hidden: int = Field(64, ge=1)  # MLP hidden width; the transformer's MLP width
+    blocks: int = Field(1, ge=1, le=64)  # MLP hidden layers (progressive: its blocks)
+    strategy: Strategy = "full"
+    freeze_window: int = Field(DEFAULT_WINDOW_STEPS, ge=2)  # steps per movement window
+    freeze_threshold: float = Field(DEFAULT_THRESHOLD, gt=0, lt=1)  # freeze below it
     dataset: Literal["digits", "synthetic"] = "digits"
     synthetic_samples: int = Field(2000, ge=8)  # train + test, synthetic only
     synthetic_features: int = Field(64, ge=1)  # a multiple of 8 for the transformer
@@ -90,6 +117,19 @@ class TrainSpec(BaseModel):
             )
         if self.epochs is None and self.steps is None:
             raise ValueError("set epochs or steps (or both: the first reached stops)")
+        if self.model != "mlp" and self.blocks != 1:
+            raise ValueError(f"blocks: {self.model} has one block; only the mlp takes blocks")
+        if self.strategy == "progressive":
+            if self.model != "mlp" or self.blocks < 2:
+                raise ValueError(
+                    "strategy progressive trains an MLP block by block: use model mlp with "
+                    f"blocks >= 2 (got {self.model}, blocks {self.blocks})"
+                )
+            if self.checkpoint_every:
+                raise ValueError(
+                    "checkpoint_every: progressive training does not checkpoint (its stage "
+                    "and freezing state are not saved); use 0"
+                )
         return self
 
     @property
@@ -107,6 +147,21 @@ class RankContext:
     checkpoint_dir: Path | None = None  # where rank 0 writes and every rank resumes from
     # Wraps the model DDP sees (the rack: a model whose passes advance emulated time).
     wrap: Callable[[Model], Model] | None = None
+    # Mirrors what the rank holds on its socket's tiers (None: not accounted).
+    memory: MemoryAccount | None = None
+    # Told when a stage begins (with the seconds its memory moves took) and ends.
+    on_stage: Callable[[StageEvent], None] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StageEvent:
+    """A stage began (`report` None; `copy_s`: its weights' moves between tiers) or
+    ended (`report` set)."""
+
+    stage: Stage
+    step: int
+    copy_s: float = 0.0
+    report: StageReport | None = None
 
 
 @dataclass(slots=True)
@@ -126,6 +181,8 @@ class RankResult:
     bucket_bytes: list[int]  # DDP buckets, all-reduce order
     checkpoints: list[str] = field(default_factory=list)  # files this rank wrote
     params: Params = field(default_factory=dict)  # final parameters (a copy)
+    stages: list[StageReport] = field(default_factory=list)
+    peak_bytes: dict[str, int] = field(default_factory=dict)  # tier -> this rank's peak
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able, without the parameters."""
@@ -142,6 +199,8 @@ class RankResult:
             "epochs": self.epochs,
             "bucket_bytes": self.bucket_bytes,
             "checkpoints": self.checkpoints,
+            "stages": [st.to_dict() for st in self.stages],
+            "peak_bytes": dict(self.peak_bytes),
         }
 
 
@@ -153,6 +212,13 @@ def load_data(spec: TrainSpec) -> tuple[Split, int]:
         spec.synthetic_samples, spec.synthetic_features, spec.synthetic_classes, seed=spec.seed
     )
     return data, spec.synthetic_classes
+
+
+def data_shape(spec: TrainSpec) -> tuple[int, int]:
+    """(features, classes) of the spec's dataset, without loading it."""
+    if spec.dataset == "digits":
+        return DIGITS_FEATURES, DIGITS_CLASSES
+    return spec.synthetic_features, spec.synthetic_classes
 
 
 def make_optimizer(spec: TrainSpec, params: Params) -> Optimizer:
@@ -199,8 +265,9 @@ class StepInfo:
     """Where a rank is after an optimizer step."""
 
     step: int  # steps done (global count, a resumed run included)
-    total: int  # steps the run will do
+    total: int  # steps the run will do (progressive: at most, every stage its budget)
     loss: float  # this rank's local batch loss of the step
+    stage: str = "full"  # the stage it belongs to
 
 
 def _train(
@@ -210,88 +277,106 @@ def _train(
     (train_set, test_set), classes = load_data(spec)
     # Each process initialises its own replica, seeded by rank as independent processes
     # effectively are: only DDP's broadcast from rank 0 makes them agree.
-    model = build_model(spec.model, train_set.features, classes, spec.seed + rank, spec.hidden)
-    optimizer = make_optimizer(spec, model.params)
+    trainee = Trainee(
+        spec.strategy,
+        spec.model,
+        train_set.features,
+        classes,
+        spec.seed + rank,
+        spec.hidden,
+        spec.blocks,
+    )
     # The augmentation RNG is the same stream on every rank (so rank 0's checkpointed
     # state restores every rank); each rank uses its own rows of the global batch's noise.
     rng = np.random.default_rng([spec.seed, 1])
     step = 0
-    if spec.resume and ctx.checkpoint_dir is not None:
+    resumed: TrainingState | None = None
+    if spec.resume and ctx.checkpoint_dir is not None and spec.strategy == "full":
         path = latest(ctx.checkpoint_dir)
         if path is not None:
-            state = load(path, device=ctx.device, map_location=ctx.device)
-            _restore(model.params, state.params, path)
-            optimizer.load_state_dict(state.optimizer)
-            if state.rng is not None:
-                rng.bit_generator.state = state.rng
-            step = state.step
+            resumed = load(path, device=ctx.device, map_location=ctx.device)
+            _restore(trainee.model.params, resumed.params, path)
+            if resumed.rng is not None:
+                rng.bit_generator.state = resumed.rng
+            step = resumed.step
     start_step = step
     _check_same_start(dist, step)
+    if spec.strategy != "full" and spec.broadcast_parameters:
+        # Every block and output module, once: a stage's DDP sees only what it trains.
+        broadcast_parameters(dist, trainee.params)
 
-    ddp = DistributedDataParallel(
-        ctx.wrap(model) if ctx.wrap is not None else model,
-        dist,
-        bucket_cap_bytes=spec.bucket_cap_bytes,
-        broadcast_parameters=spec.broadcast_parameters,
-        check_every=spec.check_every,
-    )
     n = len(train_set.y)
-    sampler = (
-        DistributedSampler(n, world, rank, shuffle=True, seed=spec.seed)
-        if spec.sampler == "distributed"
-        else None
-    )
-    per_epoch = (len(sampler) if sampler is not None else n) // spec.local_batch
-    if per_epoch == 0:
-        raise InvalidRequest(
-            f"a rank's share of the {n} training samples does not fill one batch of "
-            f"{spec.local_batch} (global_batch {spec.global_batch} / world_size {world})"
-        )
-    total = min(
-        spec.steps if spec.steps is not None else math.inf,
-        spec.epochs * per_epoch if spec.epochs is not None else math.inf,
-    )
+    batches = _Batches(dist, spec, n, step)
+    budget = batches.budget  # steps per stage
+    total = budget * len(trainee.stages)
+    account = ctx.memory
     losses: list[float] = []
     diagnostics: list[Diagnostic] = []
     written: list[str] = []
+    reports: list[StageReport] = []
     samples = 0
-    epoch = step // per_epoch
-    epochs_entered = 0
-    while step < total:
-        if sampler is not None:
-            sampler.set_epoch(epoch)  # forget it and every epoch repeats one order
-            order = sampler.indices()
-        else:
-            # DataLoader(shuffle=True) seeded alike on every rank, as scripts seed
-            # everything: every rank walks the same samples in the same order.
-            order = np.random.default_rng(spec.seed + epoch).permutation(n)
-        order = order[: per_epoch * spec.local_batch]  # drop_last: equal-sized batches
-        found = _duplicates(dist, order, n, epoch, step)
-        if found is not None and not any(d.code == DUPLICATE_SAMPLES for d in diagnostics):
-            diagnostics.append(found)
-        epochs_entered += 1
-        for b in range(step - epoch * per_epoch, per_epoch):
-            if step >= total:
-                break
-            idx = order[b * spec.local_batch : (b + 1) * spec.local_batch]
+    bucket_bytes: list[int] = []
+    for stage in trainee.stages:
+        model = trainee.stage_model(stage)
+        optimizer = make_optimizer(spec, model.params)
+        if resumed is not None:
+            optimizer.load_state_dict(resumed.optimizer)
+            resumed = None
+        block = trainee.block_params(stage)
+        movement = (
+            EffectiveMovement(block, spec.freeze_window, spec.freeze_threshold, seed=spec.seed)
+            if block is not None
+            else None
+        )
+        copy_s = 0.0
+        if account is not None:
+            copy_s = account.place(trainee.holdings(stage, model, movement))
+            account.begin_stage()
+            account.hold("optimizer", Tier.HBM, optimizer.state_bytes())  # a resumed one
+        if ctx.on_stage is not None:
+            ctx.on_stage(StageEvent(stage, step, copy_s))
+        ddp = DistributedDataParallel(
+            ctx.wrap(model) if ctx.wrap is not None else model,
+            dist,
+            bucket_cap_bytes=spec.bucket_cap_bytes,
+            # Progressive: every parameter was broadcast above.
+            broadcast_parameters=spec.broadcast_parameters and stage.block is None,
+            check_every=spec.check_every,
+        )
+        began = step
+        # Full training counts its budget from step 0 (a resumed run finishes it); a
+        # progressive stage from its own start.
+        end = budget if stage.block is None else began + budget
+        converged = False
+        while step < end and not converged:
+            idx = batches.next()
             x, y = train_set.x[idx], train_set.y[idx]
             if spec.input_noise:
                 noise = rng.standard_normal((spec.global_batch, x.shape[1]), dtype=np.float32)
                 # Rank r's row k is row r + k * world of the global batch.
                 x = x + noise[rank::world] * float(spec.input_noise)
             losses.append(ddp.forward(x, y))
+            if account is not None:
+                account.hold("activations", Tier.HBM, model.saved_bytes())
             ddp.backward()
+            if account is not None:
+                account.release("activations")  # backward is done with them
             optimizer.step(model.grads)
+            if account is not None:
+                account.hold("optimizer", Tier.HBM, optimizer.state_bytes())
             samples += len(idx)
             step += 1
-            yield StepInfo(step, int(total), losses[-1])
+            window = movement.update() if movement is not None else None
+            if movement is not None and window is not None:  # a window ended, on every rank
+                converged = _agree(dist, movement.converged(window))
+            yield StepInfo(step, total, losses[-1], stage.name)
             if spec.checkpoint_every and step % spec.checkpoint_every == 0:
                 if ctx.checkpoint_dir is not None and dist.get_rank() == 0:
                     state = TrainingState(
-                        params=model.params,
+                        params=trainee.model.params,
                         optimizer=optimizer.state_dict(),
                         step=step,
-                        epoch=epoch,
+                        epoch=batches.epoch,
                         rng=dict(rng.bit_generator.state),
                         device=ctx.device,
                         extra={"world_size": world, "global_batch": spec.global_batch},
@@ -300,9 +385,24 @@ def _train(
                     if path is not None:
                         written.append(str(path))
                 dist.barrier()  # as torch's tutorial: nobody reads a half-written file
-        epoch += 1
-    diagnostics = ddp.diagnostics + diagnostics
-    test_acc = accuracy(model, test_set) if rank == 0 else None
+        report = StageReport(
+            phase=stage.phase,
+            block=stage.block,
+            start_step=began,
+            steps=step - began,
+            converged=converged,
+            movement=movement.last if movement is not None else None,
+            loss=losses[-1] if step > began else None,
+            test_accuracy=accuracy(model, test_set) if rank == 0 else None,
+            peak_bytes=account.end_stage() if account is not None else {},
+        )
+        reports.append(report)
+        if ctx.on_stage is not None:
+            ctx.on_stage(StageEvent(stage, step, report=report))
+        diagnostics += [d for d in ddp.diagnostics if d not in diagnostics]
+        bucket_bytes = ddp.bucket_bytes
+    diagnostics = diagnostics + batches.diagnostics
+    test_acc = accuracy(trainee.model, test_set) if rank == 0 else None
     dist.barrier()
     return RankResult(
         rank=rank,
@@ -314,11 +414,79 @@ def _train(
         samples_seen=samples,
         start_step=start_step,
         steps=step,
-        epochs=epochs_entered,
-        bucket_bytes=ddp.bucket_bytes,
+        epochs=batches.entered,
+        bucket_bytes=bucket_bytes,
         checkpoints=written,
-        params=copy_params(model.params),
+        params=copy_params(trainee.params),
+        stages=reports,
+        peak_bytes=dict(account.peaks) if account is not None else {},
     )
+
+
+def _agree(dist: Distributed, mine: bool) -> bool:
+    """Rank 0's decision, on every rank (one tiny broadcast): replicas that drifted
+    apart (no initial broadcast) must still end a stage at the same step."""
+    flag = np.array([1.0 if mine else 0.0], dtype=np.float32)
+    dist.broadcast(flag, src=0)
+    return bool(flag[0])
+
+
+class _Batches:
+    """This rank's sample indices, batch after batch, epoch after epoch: the
+    DistributedSampler's shard (or, with `sampler: none`, the whole dataset), drop_last.
+    At each epoch's start the ranks compare their indices (duplicate samples)."""
+
+    def __init__(self, dist: Distributed, spec: TrainSpec, n: int, step: int) -> None:
+        self.dist, self.spec, self.n = dist, spec, n
+        world, rank = dist.get_world_size(), dist.get_rank()
+        self.sampler = (
+            DistributedSampler(n, world, rank, shuffle=True, seed=spec.seed)
+            if spec.sampler == "distributed"
+            else None
+        )
+        self.per_epoch = (len(self.sampler) if self.sampler is not None else n) // spec.local_batch
+        if self.per_epoch == 0:
+            raise InvalidRequest(
+                f"a rank's share of the {n} training samples does not fill one batch of "
+                f"{spec.local_batch} (global_batch {spec.global_batch} / world_size {world})"
+            )
+        self.budget = int(
+            min(
+                spec.steps if spec.steps is not None else math.inf,
+                spec.epochs * self.per_epoch if spec.epochs is not None else math.inf,
+            )
+        )
+        self.epoch = step // self.per_epoch
+        self._batch = step - self.epoch * self.per_epoch  # a resumed run's place
+        self._order: Array | None = None
+        self.entered = 0
+        self.diagnostics: list[Diagnostic] = []
+
+    def next(self) -> Array:
+        if self._order is None or self._batch >= self.per_epoch:
+            if self._order is not None:
+                self.epoch += 1
+                self._batch = 0
+            self._order = self._epoch_order()
+        b, size = self._batch, self.spec.local_batch
+        self._batch += 1
+        return self._order[b * size : (b + 1) * size]
+
+    def _epoch_order(self) -> Array:
+        spec = self.spec
+        if self.sampler is not None:
+            self.sampler.set_epoch(self.epoch)  # forget it and every epoch repeats one order
+            order = self.sampler.indices()
+        else:
+            # DataLoader(shuffle=True) seeded alike on every rank, as scripts seed
+            # everything: every rank walks the same samples in the same order.
+            order = np.random.default_rng(spec.seed + self.epoch).permutation(self.n)
+        order = order[: self.per_epoch * spec.local_batch]  # drop_last: equal-sized batches
+        found = _duplicates(self.dist, order, self.n, self.epoch, self.epoch * self.per_epoch)
+        if found is not None and not any(d.code == DUPLICATE_SAMPLES for d in self.diagnostics):
+            self.diagnostics.append(found)
+        self.entered += 1
+        return order
 
 
 def _check_same_start(dist: Distributed, step: int) -> None:
@@ -378,12 +546,25 @@ def device_of(rank: int) -> str:
 
 
 def train_threaded(
-    spec: TrainSpec, checkpoint_dir: Path | None = None, timeout_s: float | None = None
+    spec: TrainSpec,
+    checkpoint_dir: Path | None = None,
+    timeout_s: float | None = None,
+    platform: PlatformSpec | None = None,
+    hbm_cap_bytes: int = 0,
 ) -> list[RankResult]:
-    """Run `train` on every rank of an in-process ThreadGroup; results by rank."""
+    """Run `train` on every rank of an in-process ThreadGroup; results by rank. Each
+    rank's memory is accounted on a socket of `platform` (default sn40l-rack16) of its
+    own, under `hbm_cap_bytes` (0: the socket's HBM)."""
+    socket = (platform or preset("sn40l-rack16")).socket
     group = ThreadGroup(spec.world_size, timeout_s or spec.timeout_s)
-    return group.run(
-        lambda backend: train(
-            RankContext(backend, backend.rank, device_of(backend.rank), checkpoint_dir), spec
-        )
-    )
+
+    def one(backend: Backend) -> RankResult:
+        device = device_of(backend.rank)
+        account = MemoryAccount(TieredMemory(device, socket), "train/", hbm_cap_bytes)
+        ctx = RankContext(backend, backend.rank, device, checkpoint_dir, memory=account)
+        try:
+            return train(ctx, spec)
+        finally:
+            account.close()
+
+    return group.run(one)

@@ -49,6 +49,15 @@ class Model(Protocol):
         """Class scores, (batch, classes), without keeping anything for backward."""
         ...
 
+    def saved_bytes(self) -> int:
+        """Bytes of the arrays kept from the last forward for backward (0 after it)."""
+        ...
+
+    @property
+    def frozen(self) -> Params:
+        """Parameters forward uses but nothing trains (progressive: earlier blocks)."""
+        ...
+
 
 # ------------------------------------------------------------------ building blocks
 
@@ -128,6 +137,10 @@ class _Module:
     def num_parameters(self) -> int:
         return sum(p.size for p in self.params.values())
 
+    @property
+    def frozen(self) -> Params:
+        return {}  # every parameter trains
+
     def zero_grad(self) -> None:
         for g in self.grads.values():
             g.fill(0)
@@ -195,6 +208,12 @@ class MLP(_Module):
 
     def logits(self, x: Array) -> Array:
         return self._run(x)[0]
+
+    def saved_bytes(self) -> int:
+        if self._saved is None:
+            return 0
+        inputs, dlogits = self._saved
+        return sum(a.nbytes for a in inputs) + dlogits.nbytes
 
 
 # ------------------------------------------------------------------ transformer
@@ -345,6 +364,9 @@ class TransformerClassifier(_Module):
     def logits(self, x: Array) -> Array:
         return self._run(x)[0]
 
+    def saved_bytes(self) -> int:
+        return sum(a.nbytes for a in self._saved.values()) if self._saved is not None else 0
+
 
 ModelName = Literal["mlp", "transformer"]
 
@@ -356,11 +378,15 @@ def build_model(
     seed: int = 0,
     hidden: int = 64,
     dtype: DTypeLike = TRAIN_DTYPE,
+    blocks: int = 1,
 ) -> MLP | TransformerClassifier:
-    """A model for `features` inputs and `classes` outputs. The transformer reads the
-    input as 8 tokens (an 8×8 digit's rows), so `features` must be a multiple of 8."""
+    """A model for `features` inputs and `classes` outputs. The MLP has `blocks` hidden
+    layers of `hidden` units; the transformer (one block) reads the input as 8 tokens
+    (an 8×8 digit's rows), so `features` must be a multiple of 8."""
     if name == "mlp":
-        return MLP([features, hidden, classes], seed=seed, dtype=dtype)
+        return MLP([features, *[hidden] * blocks, classes], seed=seed, dtype=dtype)
+    if blocks != 1:
+        raise InvalidRequest(f"{name}: one block only, got blocks={blocks}")
     if name == "transformer":
         tokens = 8
         if features % tokens:

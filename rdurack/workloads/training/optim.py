@@ -55,6 +55,10 @@ class Optimizer:
     def _update(self, name: str, p: Array, g: Array, state: dict[str, Array]) -> None:
         raise NotImplementedError
 
+    def state_bytes(self) -> int:
+        """Bytes of the state arrays it holds now (none before the first step)."""
+        return sum(a.nbytes for s in self.state.values() for a in s.values())
+
     def state_dict(self) -> StateDict:
         """A deep copy of the state and the hyperparameters (torch's layout, keyed by
         parameter name instead of index)."""
