@@ -40,25 +40,24 @@ def call(
     request bytes; (status code, details). A server stream is read to its end."""
     path = f"/{method.containing_service.full_name}/{method.name}"
     raw: Any = dict(request_serializer=None, response_deserializer=None)
+    md: Any = tuple(metadata)
     try:
         if method.client_streaming:
             chunks = [payload] if isinstance(payload, bytes) else list(payload)
             if method.server_streaming:
                 for _ in ch.stream_stream(path, **raw)(
-                    iter(chunks), timeout=timeout_s, metadata=metadata
+                    iter(chunks), timeout=timeout_s, metadata=md
                 ):
                     pass
             else:
-                ch.stream_unary(path, **raw)(iter(chunks), timeout=timeout_s, metadata=metadata)
+                ch.stream_unary(path, **raw)(iter(chunks), timeout=timeout_s, metadata=md)
         else:
             assert isinstance(payload, bytes)
             if method.server_streaming:
-                for _ in ch.unary_stream(path, **raw)(
-                    payload, timeout=timeout_s, metadata=metadata
-                ):
+                for _ in ch.unary_stream(path, **raw)(payload, timeout=timeout_s, metadata=md):
                     pass
             else:
-                ch.unary_unary(path, **raw)(payload, timeout=timeout_s, metadata=metadata)
+                ch.unary_unary(path, **raw)(payload, timeout=timeout_s, metadata=md)
     except grpc.RpcError as e:
         assert isinstance(e, grpc.Call)
         return e.code(), e.details() or ""

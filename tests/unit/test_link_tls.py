@@ -32,7 +32,8 @@ def members(rack_certs: RackCerts) -> Iterator[tuple[LinkEndpoint, LinkEndpoint]
 def test_members_transfer_over_mutual_tls(members: tuple[LinkEndpoint, LinkEndpoint]) -> None:
     a, b = members
     data = np.arange(3 * CHUNK_BYTES // 4, dtype=np.float32)  # several chunks: the stream
-    assert a.send(B, "t", 0, 0, 10, data.nbytes, data, "float32", data.shape) == data.nbytes
+    sent = a.send(B, "t", 0, 0, 10, data.nbytes, data.data, "float32", data.shape)
+    assert sent == data.nbytes
     got = b.receive("t", 0, A, timeout_s=5)
     assert np.array_equal(np.frombuffer(got.payload or b"", np.float32), data)
     assert a.send(B, "t", 1, 0, 10, 64, None) == 0  # timing only: the unary call

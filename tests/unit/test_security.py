@@ -10,6 +10,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -36,6 +37,11 @@ from tests.unit.grpc_calls import call, methods, request_class
 from tests.unit.test_orchestrator import RACK, FakeGateway
 
 TOKENS = {"alice": "alice-secret-token", "bob": "bob-secret-token", "ops": "ops-secret-token"}
+
+
+def _health(ch: grpc.Channel) -> Any:
+    stub: Any = health_pb2_grpc.HealthStub(ch)  # its stubs lack Check
+    return stub
 
 
 def write_tokens(path: Path) -> Path:
@@ -135,11 +141,11 @@ def test_no_token_and_a_wrong_token_are_refused_alike_on_every_method(served: Se
             assert code == grpc.StatusCode.UNAUTHENTICATED, (method.name, code, details)
             answers.add(details)
     assert len(answers) == 1, answers
-    stub = reflection_pb2_grpc.ServerReflectionStub(ch)
+    stub: Any = reflection_pb2_grpc.ServerReflectionStub(ch)
     request = reflection_pb2.ServerReflectionRequest(list_services="")
     code, _ = code_of(stub.ServerReflectionInfo(iter([request]), timeout=5))
     assert code == grpc.StatusCode.UNAUTHENTICATED
-    health = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=5)
+    health = _health(ch).Check(health_pb2.HealthCheckRequest(), timeout=5)
     assert health.status == health_pb2.HealthCheckResponse.SERVING
 
 
@@ -248,10 +254,10 @@ def test_the_health_port_is_plaintext_and_serves_health_only(served: Served) -> 
     address = served.server.health_address
     assert address is not None and address != served.server.address
     with grpc.insecure_channel(address) as ch:
-        reply = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=5)
+        reply = _health(ch).Check(health_pb2.HealthCheckRequest(), timeout=5)
         assert reply.status == health_pb2.HealthCheckResponse.SERVING
         service = health_pb2.HealthCheckRequest(service=JOB_SERVICE)
-        assert health_pb2_grpc.HealthStub(ch).Check(service, timeout=5).status == (
+        assert _health(ch).Check(service, timeout=5).status == (
             health_pb2.HealthCheckResponse.SERVING
         )
         for method in methods(job_pb2.DESCRIPTOR.services_by_name["JobService"]):
@@ -275,7 +281,7 @@ def rack_server(rack_certs: RackCerts) -> Iterator[Server]:
 
 def check_health(address: str, tls: TlsConfig | None) -> tuple[grpc.StatusCode, str]:
     ch = channel(address, tls=tls, rack=True) if tls else grpc.insecure_channel(address)
-    stub = health_pb2_grpc.HealthStub(ch)
+    stub = _health(ch)
     result = code_of(lambda: stub.Check(health_pb2.HealthCheckRequest(), timeout=3))
     ch.close()
     return result
