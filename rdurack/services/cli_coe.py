@@ -39,6 +39,8 @@ def read_trace(path: Path) -> list[job_pb2.CoeTraceRequest]:
         lines = path.read_text(encoding="utf-8").splitlines()
     except OSError as e:
         raise InvalidRequest(f"--trace {path}: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        raise InvalidRequest(f"--trace {path}: not UTF-8 text (byte {e.start})") from None
     for n, line in enumerate(lines, 1):
         if not line.strip():
             continue

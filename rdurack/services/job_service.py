@@ -17,8 +17,10 @@ from rdurack.orchestrator.orchestrator import Orchestrator
 from rdurack.rack.errors import InvalidRequest
 from rdurack.security.auth import Authenticator
 from rdurack.security.guard import Bounds
+from rdurack.security.tls import TlsConfig
 from rdurack.services import job_convert as jc
 from rdurack.services.errors import rpc, rpc_stream
+from rdurack.services.grpc_server import Server
 from rdurack.v1 import job_pb2, job_pb2_grpc, rack_pb2, rack_pb2_grpc
 from rdurack.workloads.coe_spec import MAX_PROMPT_CHARS, MAX_REQUESTS
 from rdurack.workloads.training.job import MAX_LOOP_BYTES
@@ -163,3 +165,29 @@ def _job_id(value: str) -> str:
     if not value:
         raise InvalidRequest("job_id: required")
     return value
+
+
+def serve_api(
+    orchestrator: Orchestrator,
+    auth: Authenticator | None = None,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    tls: TlsConfig | None = None,
+    health_port: int | None = None,
+) -> Server:
+    """The orchestrator's public server: JobService and RackService with their bounds,
+    request size limit, tokens (`auth`) and TLS, as orchestrator_main runs it."""
+    return Server(
+        [
+            (JOB_SERVICE, JobService(orchestrator, auth).add_to),
+            (RACK_SERVICE, RackService(orchestrator, auth).add_to),
+        ],
+        host=host,
+        port=port,
+        tls=tls,
+        auth=auth,
+        bounds=JOB_BOUNDS,
+        max_receive_bytes=JOB_MAX_REQUEST_BYTES,
+        health_port=health_port,
+    )

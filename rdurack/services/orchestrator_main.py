@@ -44,15 +44,8 @@ from rdurack.security.auth import Authenticator
 from rdurack.security.tls import add_tls_arguments, tls_from_args
 from rdurack.services import rack_metrics
 from rdurack.services.gateway import GrpcNodeGateway
-from rdurack.services.grpc_server import Server, security_notice
-from rdurack.services.job_service import (
-    JOB_BOUNDS,
-    JOB_MAX_REQUEST_BYTES,
-    JOB_SERVICE,
-    RACK_SERVICE,
-    JobService,
-    RackService,
-)
+from rdurack.services.grpc_server import security_notice
+from rdurack.services.job_service import serve_api
 from rdurack.services.stop_signal import StopSignal
 from rdurack.telemetry import setup
 
@@ -121,17 +114,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     recovered = orchestrator.start()
     try:
-        server = Server(
-            [
-                (JOB_SERVICE, JobService(orchestrator, auth).add_to),
-                (RACK_SERVICE, RackService(orchestrator, auth).add_to),
-            ],
+        server = serve_api(
+            orchestrator,
+            auth,
             host=args.host,
             port=args.port,
             tls=tls,
-            auth=auth,
-            bounds=JOB_BOUNDS,
-            max_receive_bytes=JOB_MAX_REQUEST_BYTES,
             health_port=args.health_port,
         )
     except OSError as e:

@@ -13,7 +13,7 @@ import pytest
 from rdurack.node_agent.link_server import CHUNK_BYTES, LinkEndpoint
 from rdurack.rack.errors import LinkFailure
 from rdurack.v1 import link_pb2, link_pb2_grpc
-from tests.unit.conftest import RackCerts
+from tests.conftest import RackCerts
 
 A, B = "rdu-n0-s0", "rdu-n0-s1"
 

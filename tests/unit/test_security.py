@@ -23,17 +23,10 @@ from rdurack.orchestrator.store import JobStore
 from rdurack.security.auth import OPEN, Authenticator, digest, load_tokens
 from rdurack.security.tls import TlsConfig
 from rdurack.services.grpc_server import Server, channel
-from rdurack.services.job_service import (
-    JOB_BOUNDS,
-    JOB_MAX_REQUEST_BYTES,
-    JOB_SERVICE,
-    RACK_SERVICE,
-    JobService,
-    RackService,
-)
+from rdurack.services.job_service import JOB_SERVICE, serve_api
 from rdurack.v1 import common_pb2, job_pb2, job_pb2_grpc, rack_pb2, rack_pb2_grpc
-from tests.unit.conftest import RackCerts
-from tests.unit.grpc_calls import call, methods, request_class
+from tests.conftest import RackCerts
+from tests.grpc_calls import call, methods, request_class
 from tests.unit.test_orchestrator import RACK, FakeGateway
 
 TOKENS = {"alice": "alice-secret-token", "bob": "bob-secret-token", "ops": "ops-secret-token"}
@@ -77,17 +70,7 @@ def served(tmp_path: Path, rack_certs: RackCerts) -> Iterator[Served]:
         JobStore(tmp_path / "jobs.sqlite"), gateway, RACK, poll_s=0.05, quotas=auth.quotas()
     )
     o.start()
-    server = Server(
-        [
-            (JOB_SERVICE, JobService(o, auth).add_to),
-            (RACK_SERVICE, RackService(o, auth).add_to),
-        ],
-        tls=rack_certs.member,
-        auth=auth,
-        bounds=JOB_BOUNDS,
-        max_receive_bytes=JOB_MAX_REQUEST_BYTES,
-        health_port=0,
-    )
+    server = serve_api(o, auth, tls=rack_certs.member, health_port=0)
     yield Served(o, gateway, server, rack_certs.client)
     server.stop(0)
     o.stop()
