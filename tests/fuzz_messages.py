@@ -9,10 +9,11 @@ integration one (node agents).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from google.protobuf import message_factory
-from google.protobuf.descriptor import Descriptor, FieldDescriptor, MethodDescriptor
+from google.protobuf.descriptor import FieldDescriptor, MethodDescriptor
 from google.protobuf.message import Message
 from hypothesis import strategies as st
 
@@ -71,7 +72,7 @@ def _scalar(f: Any) -> st.SearchStrategy[Any]:
 
 
 @st.composite
-def message(draw: st.DrawFn, descriptor: Descriptor, depth: int = 0) -> Message:
+def message(draw: st.DrawFn, descriptor: Any, depth: int = 0) -> Message:
     """A message of `descriptor` with some of its fields set to absurd values."""
     msg = message_factory.GetMessageClass(descriptor)()
     fields = [f for f in descriptor.fields if not (f.message_type and depth >= MAX_DEPTH)]
@@ -97,7 +98,7 @@ def message(draw: st.DrawFn, descriptor: Descriptor, depth: int = 0) -> Message:
     return msg
 
 
-def hostile(method: MethodDescriptor, others: list[Descriptor]) -> st.SearchStrategy[bytes]:
+def hostile(method: MethodDescriptor, others: Sequence[Any]) -> st.SearchStrategy[bytes]:
     """Bytes for one request of `method`: random, truncated, type-confused or absurd."""
     own = message(method.input_type).map(lambda m: m.SerializeToString())
     truncated = st.tuples(own, st.floats(0, 1)).map(lambda t: t[0][: int(len(t[0]) * t[1])])

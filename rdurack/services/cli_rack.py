@@ -616,19 +616,19 @@ def jobs_cmd(
     """Jobs, newest first."""
     states = [common_pb2.JobState.Value(f"JOB_STATE_{s.value}") for s in state or []]
     jobs: list[job_pb2.Job] = []
-    token = ""
+    page_token = ""
     ch, stub = _stubs(target(address, token, token_file, tls_ca, tls_server_name))
     with ch:
         while len(jobs) < limit:
             page = stub.ListJobs(
                 job_pb2.ListJobsRequest(
-                    states=states, page_size=min(500, limit - len(jobs)), page_token=token
+                    states=states, page_size=min(500, limit - len(jobs)), page_token=page_token
                 ),
                 timeout=RPC_TIMEOUT_S,
             )
             jobs += page.jobs
-            token = page.next_page_token
-            if not token or not page.jobs:
+            page_token = page.next_page_token
+            if not page_token or not page.jobs:
                 break
     rows = [_job_dict(j) for j in jobs[:limit]]
     if as_json:

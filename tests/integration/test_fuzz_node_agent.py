@@ -108,7 +108,7 @@ def test_near_valid_kernels_run_or_are_refused_properly(
     group: int,
 ) -> None:
     stub = node_agent_pb2_grpc.NodeAgentServiceStub(agent.channel)
-    answers = []
+    answers: list[tuple[grpc.StatusCode, str | None]] = []
     try:
         stub.ReserveSockets(
             node_agent_pb2.ReserveSocketsRequest(job_id="fz", socket_ids=sockets), timeout=20
