@@ -22,7 +22,7 @@ from rdurack.orchestrator.orchestrator import Orchestrator
 from rdurack.orchestrator.store import JobStore
 from rdurack.security.auth import OPEN, Authenticator, digest, load_tokens
 from rdurack.security.tls import TlsConfig
-from rdurack.services.grpc_server import Server, channel
+from rdurack.services.grpc_server import Server, channel, security_notice
 from rdurack.services.job_service import JOB_SERVICE, serve_api
 from rdurack.v1 import common_pb2, job_pb2, job_pb2_grpc, rack_pb2, rack_pb2_grpc
 from tests.conftest import RackCerts
@@ -333,3 +333,16 @@ def test_require_admin_admits_admins_only(tmp_path: Path) -> None:
     # Open (no tokens file): everyone is an admin of no tenant.
     assert Authenticator.open().require_admin(_Context([])) is OPEN  # type: ignore[arg-type]
     assert auth.quotas() == {"alice": 8, "bob": 4}
+
+
+def test_a_server_says_how_it_is_protected(tmp_path: Path) -> None:
+    open_ = Authenticator.open()
+    tokens = Authenticator.from_file(write_tokens(tmp_path / "tokens.yaml"))
+    assert security_notice("127.0.0.1", False, open_) == (
+        "plaintext, unauthenticated: anyone who reaches it may submit and cancel any job "
+        "(loopback only, this machine)"
+    )
+    assert security_notice("10.0.0.5", True, tokens) == (
+        "TLS, bearer tokens required (3 tenants) (reachable from the network)"
+    )
+    assert "travel in the clear" in security_notice("0.0.0.0", False, tokens)
