@@ -32,6 +32,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -66,6 +67,7 @@ from rdurack.workloads.training.job import TrainingWorkload, ranks_of
 
 log = logging.getLogger(__name__)
 ACTIVE = (JobState.SCHEDULED, JobState.RUNNING)
+OTHER_TENANT = "(another tenant's job)"  # what a tenant sees of a socket it does not hold
 
 
 class Orchestrator:
@@ -238,8 +240,23 @@ class Orchestrator:
                     return
                 self._events.wait(timeout=self.poll_s)
 
-    def rack(self) -> list[NodeView]:
-        return self.gateway.nodes()
+    def rack(self, tenant: str | None = None) -> list[NodeView]:
+        """Every node and socket. With `tenant`, a socket held by another tenant's job
+        shows OTHER_TENANT instead of that job's id: busy, but whose is not said."""
+        nodes = self.gateway.nodes()
+        if tenant is None:
+            return nodes
+        mine = {j.id for j in self.store.list(list(ACTIVE), tenant)}
+        return [
+            replace(
+                n,
+                sockets=tuple(
+                    replace(s, job_id=OTHER_TENANT) if s.job_id and s.job_id not in mine else s
+                    for s in n.sockets
+                ),
+            )
+            for n in nodes
+        ]
 
     # ------------------------------------------------------------------ scheduling
 

@@ -23,7 +23,7 @@ from opentelemetry import trace
 from rdurack.security.auth import Authenticator
 from rdurack.security.guard import Bounds, RequestGuard
 from rdurack.security.tls import TlsConfig
-from rdurack.telemetry.propagation import ClientTracing, ServerTracing
+from rdurack.telemetry.propagation import CallDetails, ClientTracing, ServerTracing
 
 # Messages above gRPC's 4 MB default must be allowed on both ends (tensors, results).
 MAX_MESSAGE_BYTES = 64 << 20
@@ -151,7 +151,7 @@ class BearerToken(
 
     def _call(self, continuation: Any, details: grpc.ClientCallDetails, request: Any) -> Any:
         metadata = [(k, v) for k, v in (details.metadata or ()) if k != "authorization"]
-        return continuation(_WithMetadata(details, [*metadata, self._pair]), request)
+        return continuation(CallDetails(details, [*metadata, self._pair]), request)
 
     def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
         return self._call(continuation, details, request)
@@ -164,18 +164,6 @@ class BearerToken(
 
     def intercept_stream_stream(self, continuation: Any, details: Any, requests: Any) -> Any:
         return self._call(continuation, details, requests)
-
-
-class _WithMetadata(grpc.ClientCallDetails):
-    def __init__(
-        self, base: grpc.ClientCallDetails, metadata: list[tuple[str, str | bytes]]
-    ) -> None:
-        self.method = base.method
-        self.timeout = base.timeout
-        self.metadata = tuple(metadata)
-        self.credentials = base.credentials
-        self.wait_for_ready = getattr(base, "wait_for_ready", None)
-        self.compression = getattr(base, "compression", None)
 
 
 def channel(

@@ -132,8 +132,8 @@ class JobService(job_pb2_grpc.JobServiceServicer):
 
 
 class RackService(rack_pb2_grpc.RackServiceServicer):
-    """The rack's state: any authenticated caller may see it (it shows which job holds
-    a socket, by id; a job's spec and result only through JobService)."""
+    """The rack's state: any authenticated caller may see it. A tenant sees which of its
+    own jobs holds a socket; another tenant's job shows as OTHER_TENANT, not by id."""
 
     def __init__(self, orchestrator: Orchestrator, auth: Authenticator | None = None) -> None:
         self.o = orchestrator
@@ -146,8 +146,8 @@ class RackService(rack_pb2_grpc.RackServiceServicer):
     def GetRack(
         self, request: rack_pb2.GetRackRequest, context: grpc.ServicerContext
     ) -> rack_pb2.GetRackResponse:
-        self.auth.principal(context)
-        nodes = [jc.node_to_proto(n) for n in self.o.rack()]
+        scope = self.auth.principal(context).scope
+        nodes = [jc.node_to_proto(n) for n in self.o.rack(scope)]
         return rack_pb2.GetRackResponse(
             rack=rack_pb2.RackStatus(platform=self.o.platform.name, nodes=nodes)
         )
@@ -156,8 +156,9 @@ class RackService(rack_pb2_grpc.RackServiceServicer):
     def ListNodes(
         self, request: rack_pb2.ListNodesRequest, context: grpc.ServicerContext
     ) -> rack_pb2.ListNodesResponse:
-        self.auth.principal(context)
-        return rack_pb2.ListNodesResponse(nodes=[jc.node_to_proto(n) for n in self.o.rack()])
+        scope = self.auth.principal(context).scope
+        nodes = [jc.node_to_proto(n) for n in self.o.rack(scope)]
+        return rack_pb2.ListNodesResponse(nodes=nodes)
 
 
 def _job_id(value: str) -> str:

@@ -18,7 +18,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from rdurack.orchestrator.jobs import JobState
-from rdurack.orchestrator.orchestrator import Orchestrator
+from rdurack.orchestrator.orchestrator import OTHER_TENANT, Orchestrator
 from rdurack.orchestrator.store import JobStore
 from rdurack.security.auth import OPEN, Authenticator, digest, load_tokens
 from rdurack.security.tls import TlsConfig
@@ -160,6 +160,16 @@ def test_a_tenant_sees_watches_and_cancels_only_its_own_jobs(served: Served) -> 
         mine.id,
     }
     assert ops.GetJob(job_pb2.GetJobRequest(job_id=job.id), timeout=5).job.tenant == "alice"
+    # The rack view names bob's own job, and hides alice's behind a placeholder.
+    rack = rack_pb2_grpc.RackServiceStub(
+        channel(served.server.address, tls=served.tls, token=TOKENS["bob"])
+    )
+    held = {
+        s.current_job_id
+        for n in rack.GetRack(rack_pb2.GetRackRequest(), timeout=5).rack.nodes
+        for s in n.sockets
+    }
+    assert job.id not in held and {mine.id, OTHER_TENANT} <= held
     # The refused cancel changed nothing; the owner's own cancel works.
     assert served.orchestrator.get(job.id).state is not JobState.CANCELLED
     cancelled = alice.CancelJob(job_pb2.CancelJobRequest(job_id=job.id), timeout=5).job
