@@ -28,7 +28,7 @@ from typing import Any
 import grpc
 from cryptography import x509
 from cryptography.hazmat.primitives.serialization import load_pem_private_key
-from pydantic import Field
+from pydantic import Field, ValidationError, model_validator
 
 from rdurack.rack.errors import InvalidRequest
 from rdurack.rack.spec import Config
@@ -38,6 +38,7 @@ DEFAULT_RACK_IDENTITY = "rdurack-rack"
 ENV_CA, ENV_CERT, ENV_KEY = "RDURACK_TLS_CA", "RDURACK_TLS_CERT", "RDURACK_TLS_KEY"
 ENV_RACK_IDENTITY = "RDURACK_TLS_RACK_IDENTITY"
 ENV_SERVER_NAME = "RDURACK_TLS_SERVER_NAME"
+PAIR = "--tls-cert and --tls-key go together; give both"
 _HOSTNAME = r"^[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?$"
 
 
@@ -53,9 +54,11 @@ class TlsConfig(Config):
     rack_identity: str = Field(default=DEFAULT_RACK_IDENTITY, pattern=_HOSTNAME)
     server_name: str | None = Field(default=None, pattern=_HOSTNAME)
 
-    def model_post_init(self, _: Any) -> None:
+    @model_validator(mode="after")
+    def _pair(self) -> TlsConfig:
         if (self.cert_file is None) != (self.key_file is None):
-            raise InvalidRequest("TLS: --tls-cert and --tls-key go together; give both")
+            raise ValueError(PAIR)
+        return self
 
     # ------------------------------------------------------------------ files
 
@@ -138,13 +141,20 @@ def tls_from(
         if cert or key:
             raise InvalidRequest("TLS: --tls-cert/--tls-key need --tls-ca (the rack CA)")
         return None
-    return TlsConfig(
-        ca_file=Path(ca),
-        cert_file=Path(cert) if cert else None,
-        key_file=Path(key) if key else None,
-        rack_identity=rack_identity or DEFAULT_RACK_IDENTITY,
-        server_name=server_name or None,
-    )
+    if bool(cert) != bool(key):
+        raise InvalidRequest(f"TLS: {PAIR}")
+    try:
+        return TlsConfig(
+            ca_file=Path(ca),
+            cert_file=Path(cert) if cert else None,
+            key_file=Path(key) if key else None,
+            rack_identity=rack_identity or DEFAULT_RACK_IDENTITY,
+            server_name=server_name or None,
+        )
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(x) for x in first["loc"])
+        raise InvalidRequest(f"TLS {where}: {first['msg']}") from None
 
 
 def tls_from_env(env: Mapping[str, str] | None = None) -> TlsConfig | None:

@@ -6,8 +6,10 @@ Real gRPC servers on 127.0.0.1 over an orchestrator with the in-memory gateway.
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,8 +22,9 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from rdurack.orchestrator.jobs import JobState
 from rdurack.orchestrator.orchestrator import OTHER_TENANT, Orchestrator
 from rdurack.orchestrator.store import JobStore
+from rdurack.rack.errors import InvalidRequest
 from rdurack.security.auth import OPEN, Authenticator, digest, load_tokens
-from rdurack.security.tls import TlsConfig
+from rdurack.security.tls import TlsConfig, tls_from
 from rdurack.services.grpc_server import Server, channel, security_notice
 from rdurack.services.job_service import JOB_SERVICE, serve_api
 from rdurack.v1 import common_pb2, job_pb2, job_pb2_grpc, rack_pb2, rack_pb2_grpc
@@ -356,3 +359,50 @@ def test_a_server_says_how_it_is_protected(tmp_path: Path) -> None:
         "TLS, bearer tokens required (3 tenants) (reachable from the network)"
     )
     assert "travel in the clear" in security_notice("0.0.0.0", False, tokens)
+
+
+def test_bad_tls_files_are_named(tmp_path: Path, rack_certs: RackCerts) -> None:
+    junk = tmp_path / "junk.pem"
+    junk.write_text("not a certificate\n")
+    member = rack_certs.member
+    cert, key, stranger_key = member.cert_file, member.key_file, rack_certs.stranger.key_file
+    assert cert is not None and key is not None and stranger_key is not None
+
+    def tls(
+        ca: Path | None, cert: Path | None = None, key: Path | None = None, **kw: str
+    ) -> TlsConfig | None:
+        return tls_from(ca, cert, key, **kw)
+
+    def loaded(ca: Path, cert: Path | None = None, key: Path | None = None) -> None:
+        found = tls(ca, cert, key)
+        assert found is not None
+        found.ca_pem()
+        if found.cert_file is not None:
+            found.key_pair()
+
+    cases: list[tuple[Callable[[], object], str]] = [
+        (lambda: loaded(tmp_path / "none.crt"), "TLS CA file .*none.crt: No such file"),
+        (lambda: loaded(junk), "junk.pem: not a PEM certificate"),
+        (lambda: loaded(member.ca_file, junk, key), "junk.pem: not a PEM"),
+        (lambda: loaded(member.ca_file, cert, stranger_key), "does not belong"),
+        (lambda: tls(member.ca_file, cert), "--tls-cert and --tls-key go"),
+        (lambda: tls(None, cert), "need --tls-ca"),
+        (lambda: tls(member.ca_file, server_name="no spaces"), "TLS server_name"),
+    ]
+    for make, message in cases:
+        with pytest.raises(InvalidRequest, match=message):
+            make()
+    assert tls_from(None) is None
+
+
+def test_the_cli_names_a_bad_ca_file_in_one_line(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "rdurack.services.cli", "status", "--tls-ca", str(tmp_path / "x")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        f"rdu: TLS CA file {tmp_path / 'x'}: No such file or directory"
+    ]
