@@ -39,7 +39,14 @@ from rdurack import RAY_ENVIRONMENT
 from rdurack.rack.errors import RdurackError
 from rdurack.security import certs
 from rdurack.security.auth import load_tokens
-from rdurack.security.tls import DEFAULT_RACK_IDENTITY
+from rdurack.security.tls import (
+    DEFAULT_RACK_IDENTITY,
+    ENV_CA,
+    ENV_CERT,
+    ENV_KEY,
+    ENV_RACK_IDENTITY,
+    ENV_SERVER_NAME,
+)
 from rdurack.telemetry.file_export import TRACE_DIR_ENV
 
 DEFAULT_PLATFORM = "sn40l-rack16"
@@ -48,6 +55,7 @@ RACK_FILE = "rack.json"
 SPEC_FILE = "platform.yaml"
 TRACES_DIR = "traces"  # STATE_DIR/traces: the processes' trace files (telemetry/file_export.py)
 TLS_DIR = "tls"  # STATE_DIR/tls: `up --tls`'s throwaway CA and member certificate
+SECURITY_ENV = (ENV_CA, ENV_CERT, ENV_KEY, ENV_RACK_IDENTITY, ENV_SERVER_NAME, "RDURACK_TOKENS")
 STOP_WAIT_S = 15.0
 TAIL_LINES = 15
 
@@ -123,7 +131,10 @@ def _env(state_dir: Path) -> dict[str, str]:
     # trace dir reaches every process of the rack this way. Absolute: the children may
     # change directory. A user's own value (even empty: no files) wins.
     traces = {TRACE_DIR_ENV: os.environ.get(TRACE_DIR_ENV, str(trace_dir(state_dir).resolve()))}
-    return {**os.environ, **RAY_ENVIRONMENT, "PYTHONUNBUFFERED": "1", **traces}
+    # Security comes from `up`'s own flags only: a client's RDURACK_TLS_CA or
+    # RDURACK_TOKENS in this shell must not turn half a server's security on.
+    inherited = {k: v for k, v in os.environ.items() if k not in SECURITY_ENV}
+    return {**inherited, **RAY_ENVIRONMENT, "PYTHONUNBUFFERED": "1", **traces}
 
 
 def _spawn(name: str, module: str, args: list[str], logs: Path) -> subprocess.Popen[bytes]:

@@ -406,3 +406,18 @@ def test_the_cli_names_a_bad_ca_file_in_one_line(tmp_path: Path) -> None:
     assert done.stderr.strip().splitlines() == [
         f"rdu: TLS CA file {tmp_path / 'x'}: No such file or directory"
     ]
+
+
+def test_rdu_up_takes_security_from_its_flags_not_the_shell(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client's RDURACK_TLS_CA or tokens file in the shell does not reach the servers
+    `rdu up` starts (a CA without a certificate would make them fail to start)."""
+    from rdurack.services import local_rack
+
+    monkeypatch.setenv("RDURACK_TLS_CA", str(tmp_path / "ca.crt"))
+    monkeypatch.setenv("RDURACK_TOKENS", str(tmp_path / "tokens.yaml"))
+    monkeypatch.setenv("RDURACK_TOKEN", "a client's token")
+    env = local_rack._env(tmp_path)
+    assert "RDURACK_TLS_CA" not in env and "RDURACK_TOKENS" not in env
+    assert env["RDURACK_TOKEN"] == "a client's token"  # harmless: servers never read it
