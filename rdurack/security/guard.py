@@ -94,73 +94,140 @@ def wrap_handler(
 # ------------------------------------------------------------------ bounds
 
 
+_SKIP, _MESSAGE, _STRING, _BYTES, _FLOAT, _ENUM, _MAP = range(7)
+_FLOATS = (FieldDescriptor.TYPE_DOUBLE, FieldDescriptor.TYPE_FLOAT)
+
+
+@dataclass(frozen=True)
+class _Rule:
+    """How one field is checked (compiled once per message type)."""
+
+    name: str
+    kind: int
+    repeated: bool
+    items: int  # most entries (repeated fields)
+    limit: int  # most characters (strings) or bytes (bytes)
+    message: Any = None  # the message type (_MESSAGE) or map entry type (_MAP)
+    enum: Any = None  # the enum type (_ENUM)
+
+
 @dataclass(frozen=True)
 class Bounds:
     """Limits on every field of a request. Defaults apply to every field; `chars`,
     `items` and `bytes_` override them per field, keyed by the field's full proto name
     ("rdurack.v1.CoeInferenceJob.prompts"). For a repeated string field, `items` bounds
     the count and `chars` each string. A bytes field without an entry in `bytes_` is
-    bounded only by the server's message size limit (reading it would copy it)."""
+    bounded only by the server's message size limit (reading it would copy it).
+    Integers and bools are bounded by their proto types; the servicers check what they
+    mean. The rules for a message type are compiled on first use and kept."""
 
     max_chars: int = 256
     max_items: int = 1024
     chars: Mapping[str, int] = field(default_factory=dict)
     items: Mapping[str, int] = field(default_factory=dict)
     bytes_: Mapping[str, int] = field(default_factory=dict)
+    _rules: dict[str, tuple[_Rule, ...]] = field(default_factory=dict, repr=False, compare=False)
 
     def check(self, message: Message, path: str = "") -> None:
-        """Raise InvalidRequest naming the first field out of bounds."""
         self._check(message, message.DESCRIPTOR, path)
 
-    # Descriptors are typed Any: the C (upb) and Python descriptor classes differ.
-    def _check(self, message: Message, descriptor: Any, path: str) -> None:
+    def _compile(self, descriptor: Any) -> tuple[_Rule, ...]:
+        rules = self._rules.get(descriptor.full_name)
+        if rules is not None:
+            return rules
+        out = []
         for f in descriptor.fields:
-            where = f"{path}.{f.name}" if path else f.name
-            if f.is_repeated:
-                values = getattr(message, f.name)
-                limit = self.items.get(f.full_name, self.max_items)
-                if len(values) > limit:
-                    raise InvalidRequest(f"{where}: more than {limit} entries ({len(values)})")
-                if f.message_type is not None and f.message_type.GetOptions().map_entry:
-                    self._map(f, values, where)
-                    continue
-                if f.type == FieldDescriptor.TYPE_BYTES and f.full_name not in self.bytes_:
-                    continue
-                for i, value in enumerate(values):
-                    self._value(f, value, f"{where}[{i}]")
-            elif f.type == FieldDescriptor.TYPE_MESSAGE:
-                if message.HasField(f.name):
-                    self._check(getattr(message, f.name), f.message_type, where)
-            elif f.type == FieldDescriptor.TYPE_BYTES and f.full_name not in self.bytes_:
-                continue
+            t, name = f.type, f.full_name
+            if f.message_type is not None and f.message_type.GetOptions().map_entry:
+                kind = _MAP
+            elif t == FieldDescriptor.TYPE_MESSAGE:
+                kind = _MESSAGE
+            elif t == FieldDescriptor.TYPE_STRING:
+                kind = _STRING
+            elif t == FieldDescriptor.TYPE_BYTES:
+                kind = _BYTES if name in self.bytes_ else _SKIP  # reading it would copy it
+            elif t in _FLOATS:
+                kind = _FLOAT
+            elif t == FieldDescriptor.TYPE_ENUM:
+                kind = _ENUM
             else:
-                self._value(f, getattr(message, f.name), where)
+                kind = _SKIP  # integers and bools: their proto type bounds them
+            if kind == _SKIP and not f.is_repeated:
+                continue
+            limit = (
+                self.chars.get(name, self.max_chars)
+                if kind == _STRING
+                else self.bytes_.get(name, 0)
+            )
+            out.append(
+                _Rule(
+                    f.name,
+                    kind,
+                    f.is_repeated,
+                    self.items.get(name, self.max_items),
+                    limit,
+                    f.message_type,
+                    f.enum_type,
+                )
+            )
+        rules = tuple(out)
+        self._rules[descriptor.full_name] = rules  # a cache: same input, same rules
+        return rules
 
-    def _map(self, f: Any, values: Any, where: str) -> None:
-        entry = f.message_type.fields_by_name
-        key_field, value_field = entry["key"], entry["value"]
-        for key in values:
-            self._value(key_field, key, f"{where}[{key!r:.40}]")
-            self._value(value_field, values[key], f"{where}[{key!r:.40}]")
+    def _check(self, message: Any, descriptor: Any, path: str) -> None:
+        for r in self._compile(descriptor):
+            if r.repeated:
+                values = getattr(message, r.name)
+                if len(values) > r.items:
+                    raise InvalidRequest(
+                        f"{_at(path, r.name)}: more than {r.items} entries ({len(values)})"
+                    )
+                if r.kind == _MAP:
+                    key_rule, value_rule = self._compile(r.message)  # key, then value
+                    for key in values:
+                        where = f"{_at(path, r.name)}[{key!r:.40}]"
+                        self._value(key_rule, key, where)
+                        self._value(value_rule, values[key], where)
+                elif r.kind != _SKIP:
+                    for i, value in enumerate(values):
+                        self._value(r, value, path, r.name, i)
+            elif r.kind == _MESSAGE:
+                if message.HasField(r.name):
+                    self._check(getattr(message, r.name), r.message, _at(path, r.name))
+            else:
+                self._value(r, getattr(message, r.name), path, r.name)
 
-    def _value(self, f: Any, value: Any, where: str) -> None:
-        t = f.type
-        if t == FieldDescriptor.TYPE_MESSAGE:
-            self._check(value, f.message_type, where)
-        elif t == FieldDescriptor.TYPE_STRING:
-            limit = self.chars.get(f.full_name, self.max_chars)
-            if len(value) > limit:
-                raise InvalidRequest(f"{where}: longer than {limit} characters ({len(value)})")
-        elif t == FieldDescriptor.TYPE_BYTES:
-            limit = self.bytes_[f.full_name]
-            if len(value) > limit:
-                raise InvalidRequest(f"{where}: more than {limit:,} bytes ({len(value):,})")
-        elif t in (FieldDescriptor.TYPE_DOUBLE, FieldDescriptor.TYPE_FLOAT):
+    def _value(
+        self, r: _Rule, value: Any, path: str, name: str = "", index: int | None = None
+    ) -> None:
+        """Check one value; the field's path (`path`.`name`[`index`]) is built only for
+        an error: most requests pass, and building it for every field would cost more
+        than the checks."""
+        kind = r.kind
+        if kind == _STRING:
+            if len(value) > r.limit:
+                where = _at(path, name, index)
+                raise InvalidRequest(f"{where}: longer than {r.limit} characters ({len(value)})")
+        elif kind == _FLOAT:
             if not math.isfinite(value):
+                where = _at(path, name, index)
                 raise InvalidRequest(f"{where}: must be a finite number, got {value}")
-        elif t == FieldDescriptor.TYPE_ENUM and value not in f.enum_type.values_by_number:
-            accepted = ", ".join(v.name for v in f.enum_type.values)
-            raise InvalidRequest(f"{where}: {value} is not a {f.enum_type.name} ({accepted})")
+        elif kind == _ENUM:
+            if value not in r.enum.values_by_number:
+                accepted = ", ".join(v.name for v in r.enum.values)
+                where = _at(path, name, index)
+                raise InvalidRequest(f"{where}: {value} is not a {r.enum.name} ({accepted})")
+        elif kind == _MESSAGE:
+            self._check(value, r.message, _at(path, name, index))
+        elif kind == _BYTES and len(value) > r.limit:
+            where = _at(path, name, index)
+            raise InvalidRequest(f"{where}: more than {r.limit:,} bytes ({len(value):,})")
+
+
+def _at(path: str, name: str = "", index: int | None = None) -> str:
+    """A field's path: "spec.coe_inference.prompts[3]"."""
+    where = f"{path}.{name}" if path and name else path or name
+    return where if index is None else f"{where}[{index}]"
 
 
 class _Undecodable:
