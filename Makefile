@@ -20,7 +20,7 @@ export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER := 0
 export RAY_USAGE_STATS_ENABLED := 0
 export RAY_AUTH_MODE := disabled
 
-.PHONY: help install proto lint typecheck test run bench clean k8s-render k8s-apply
+.PHONY: help install proto lint typecheck test run bench clean k8s-render k8s-apply k8s-secrets
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-11s %s\n", $$1, $$2}'
@@ -62,6 +62,14 @@ bench: $(PROTO_STAMP) ## benchmarks: prints a table, writes build/bench.json
 
 k8s-render: ## print the manifests of k8s/overlays/$(OVERLAY) (OVERLAY=dev|rack16)
 	$(KUBECTL) kustomize k8s/overlays/$(OVERLAY)
+
+k8s-secrets: $(PROTO_STAMP) ## create the Secrets rdurack-tls (new certs) and rdurack-tokens (TOKENS=FILE)
+	$(if $(TOKENS),,$(error TOKENS=FILE: a tokens file, see README "Security"))
+	$(BIN)/rdu certs --out build/k8s-tls --host rdurack-orchestrator
+	$(KUBECTL) create secret generic rdurack-tls --from-file=build/k8s-tls \
+		--dry-run=client -o yaml | $(KUBECTL) apply -f -
+	$(KUBECTL) create secret generic rdurack-tokens --from-file=tokens.yaml=$(TOKENS) \
+		--dry-run=client -o yaml | $(KUBECTL) apply -f -
 
 k8s-apply: ## apply k8s/overlays/$(OVERLAY) to the current kubectl context
 	$(KUBECTL) apply -k k8s/overlays/$(OVERLAY)

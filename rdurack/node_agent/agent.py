@@ -29,6 +29,7 @@ from rdurack.rack.kernels import FusionPlan, Phase
 from rdurack.rack.models import ModelSpec
 from rdurack.rack.spec import PlatformSpec
 from rdurack.rack.topology import SocketId
+from rdurack.security.tls import TlsConfig
 from rdurack.telemetry import names
 from rdurack.telemetry.propagation import inject
 from rdurack.workloads.program import Op, ProgramRun
@@ -55,7 +56,10 @@ class NodeAgent:
         host: str = "127.0.0.1",
         call_timeout_s: float = 60.0,
         link_timeout_s: float = 30.0,
+        tls: TlsConfig | None = None,
     ) -> None:
+        """`tls`: the sockets' links are mutual TLS among rack members (the files must
+        be readable where the actors run: this node)."""
         if not 0 <= node_index < platform.nodes:
             raise InvalidRequest(
                 f"node index {node_index} is not a node of {platform.name} "
@@ -67,6 +71,7 @@ class NodeAgent:
         self.host = host
         self.call_timeout_s = call_timeout_s
         self.link_timeout_s = link_timeout_s
+        self.tls = tls
         self.socket_ids = [str(SocketId(node_index, i)) for i in range(platform.node.sockets)]
         self._actors: dict[str, Any] = {}
         self._addresses: dict[str, str] = {}
@@ -87,6 +92,7 @@ class NodeAgent:
                 time_scale=self.time_scale,
                 host=self.host,
                 timeout_s=self.link_timeout_s,
+                tls=self.tls,
             )
         addresses = self._get([a.address.remote() for a in self._actors.values()], "start")
         self._addresses = dict(zip(self.socket_ids, addresses, strict=True))

@@ -12,6 +12,12 @@ link model and stamps the arrival (ns) in the header; the receiver's clock moves
 when the socket consumes the message. Wall time only bounds how long a call may take
 (`timeout_s`).
 
+Security: with a TlsConfig the server is mutual TLS and admits only rack members (a
+client certificate of the rack CA naming the rack identity; security/tls.py), and the
+channels to peers present this socket's member certificate and expect a member. Every
+request passes the same guard as every rdurack server (security/guard.py): undecodable
+messages and fields out of bounds are INVALID_ARGUMENT before the servicer runs.
+
 Threads: the gRPC server runs its handlers on its own pool and touches only the
 thread-safe Mailbox and the endpoint's lock-protected state; `send_all` fans transfers out
 on a second small pool. Every failure the caller sees is a LinkFailure (link or peer
@@ -32,6 +38,8 @@ import grpc
 
 from rdurack.node_agent.mailbox import Mailbox, Message
 from rdurack.rack.errors import InvalidRequest, LinkFailure
+from rdurack.security.guard import Bounds, RequestGuard
+from rdurack.security.tls import TlsConfig
 from rdurack.v1 import link_pb2, link_pb2_grpc
 
 # Data bytes per stream message (1 MiB). Streaming in chunks bounds the memory each
@@ -70,6 +78,10 @@ _SERVER_OPTIONS: tuple[tuple[str, int], ...] = (*_SIZE_OPTIONS, ("grpc.so_reusep
 # Bounded so a long-running socket's memory does not grow; a duplicate only comes from a
 # retry, which follows its original within far fewer transfers than this.
 _RECENT_TRANSFER_IDS = 4096
+# Per-field limits of link requests: ids, tags and dtype names are short; a shape has at
+# most 64 dimensions. Data bytes are bounded by MAX_MESSAGE_BYTES alone (not read here:
+# reading a bytes field copies it).
+_BOUNDS = Bounds(max_chars=256, max_items=64)
 # Largest collective_step the header's uint32 field holds.
 _MAX_STEP = (1 << 32) - 1
 # Largest value the header's uint64 fields (bytes, ns) hold.
@@ -101,17 +113,26 @@ class LinkEndpoint:
         port: int = 0,
         clock_ns: Callable[[], int] = lambda: 0,
         workers: int = 16,
+        tls: TlsConfig | None = None,
     ) -> None:
         """Start serving on `host:port` (port 0: a free port the OS picks).
 
         `clock_ns` reads the socket's emulated clock (ns) for Ping. `workers` bounds both
         the concurrent incoming transfers (server threads; each streaming transfer holds
-        one for its duration) and the concurrent outgoing ones of `send_all`.
+        one for its duration) and the concurrent outgoing ones of `send_all`. `tls`:
+        mutual TLS among rack members, both ways (module docstring); None: plaintext.
         """
         if workers < 1:
             raise InvalidRequest(f"{socket_id}: workers must be >= 1, got {workers}")
         if not 0 <= port <= 65535:
             raise InvalidRequest(f"{socket_id}: port must be in 0..65535, got {port}")
+        # Files are read once, here: a bad certificate fails the endpoint's start.
+        server_credentials = None if tls is None else tls.server_credentials(rack_peers=True)
+        self._channel_credentials = None if tls is None else tls.channel_credentials()
+        self._channel_options = [
+            *_SIZE_OPTIONS,
+            *([] if tls is None else tls.channel_options(rack=True)),
+        ]
         self.socket_id = socket_id
         self.mailbox = Mailbox(socket_id)
         self._clock_ns = clock_ns
@@ -131,10 +152,18 @@ class LinkEndpoint:
         self._server_pool = futures.ThreadPoolExecutor(
             max_workers=workers, thread_name_prefix=f"{socket_id}-link"
         )
-        self._server = grpc.server(self._server_pool, options=list(_SERVER_OPTIONS))
+        guards: list[grpc.ServerInterceptor] = [] if tls is None else [tls.rack_peers()]
+        self._server = grpc.server(
+            self._server_pool,
+            options=list(_SERVER_OPTIONS),
+            interceptors=[*guards, RequestGuard(_BOUNDS)],
+        )
         link_pb2_grpc.add_LinkServiceServicer_to_server(_LinkServicer(self), self._server)
         try:
-            bound = int(self._server.add_insecure_port(f"{host}:{port}"))
+            if server_credentials is None:
+                bound = int(self._server.add_insecure_port(f"{host}:{port}"))
+            else:
+                bound = int(self._server.add_secure_port(f"{host}:{port}", server_credentials))
         except RuntimeError:  # grpc >= 1.5x raises; older versions return 0
             bound = 0
         if bound == 0:
@@ -312,7 +341,12 @@ class LinkEndpoint:
                     f"{self.socket_id} -> {dst}: {dst!r} is not a connected peer; "
                     f"known peers: {known}"
                 )
-            channel = grpc.insecure_channel(address, options=list(_SIZE_OPTIONS))
+            if self._channel_credentials is None:
+                channel = grpc.insecure_channel(address, options=self._channel_options)
+            else:
+                channel = grpc.secure_channel(
+                    address, self._channel_credentials, options=self._channel_options
+                )
             entry = (channel, link_pb2_grpc.LinkServiceStub(channel))
             self._channels[dst] = entry
         return entry[1]

@@ -42,6 +42,7 @@ from rdurack.rack.memory import TieredMemory, TierUsage
 from rdurack.rack.models import ModelSpec, builtin_models
 from rdurack.rack.spec import PlatformSpec, Tier
 from rdurack.rack.topology import SocketId, Topology
+from rdurack.security.tls import TlsConfig
 from rdurack.telemetry import names
 from rdurack.telemetry.propagation import extract
 from rdurack.workloads.bundle import BundleShare, ProgramRunner
@@ -92,9 +93,11 @@ class Socket:
         host: str = "127.0.0.1",
         port: int = 0,
         timeout_s: float = 30.0,
+        tls: TlsConfig | None = None,
         tracer_provider: trace.TracerProvider | None = None,
     ) -> None:
-        """`tracer_provider`: where hardware spans go (default: the process's global one,
+        """`tls`: its links are mutual TLS among rack members (plaintext without).
+        `tracer_provider`: where hardware spans go (default: the process's global one,
         which telemetry.setup.configure installs in a socket actor)."""
         if time_scale < 0:
             raise InvalidRequest(f"time_scale must be >= 0, got {time_scale}")
@@ -112,7 +115,9 @@ class Socket:
         self.tensors: dict[str, np.ndarray] = {}
         self._predictor = Predictor(platform)
         self._links = Links(self.topology)  # this socket's own sends only
-        self._endpoint = LinkEndpoint(socket_id, host, port, clock_ns=lambda: self.clock.now_ns)
+        self._endpoint = LinkEndpoint(
+            socket_id, host, port, clock_ns=lambda: self.clock.now_ns, tls=tls
+        )
         self._pace_anchor = (time.monotonic(), 0)
         self._tracer = trace.get_tracer(names.TRACER_SOCKET, tracer_provider=tracer_provider)
         # Hardware spans: (wall ns at reserve, emulated ns of the job's first operation).

@@ -113,7 +113,8 @@ class Job:
     spec: JobSpec
     state: JobState = JobState.PENDING
     seq: int = 0  # submission order (FIFO within a priority); set by the store
-    client_request_id: str | None = None
+    client_request_id: str | None = None  # idempotency key, unique within its tenant
+    tenant: str = ""  # who submitted it; "" for none (an open rack)
     sockets: tuple[str, ...] = ()
     attempts: int = 0  # times it was started
     created_s: float = field(default_factory=time.time)  # wall clock, seconds

@@ -8,6 +8,14 @@ overwritten by a late worker.
 One scheduling thread places queued jobs; a pool of workers runs them. A job starts at
 the latest emulated clock of its sockets (DESIGN: clocks meet at a job's start).
 
+Tenants (plain data; who a caller is, is the gRPC edge's business): every job belongs to
+the tenant that submitted it ("" on an open rack). A read, watch or cancel given a
+tenant sees only that tenant's jobs; any other job id, existing or not, is
+PermissionDenied with the same message, so a tenant learns nothing about other
+tenants' jobs. `quotas` bounds the sockets a tenant's SCHEDULED and RUNNING jobs hold
+together: a job wider than its tenant's quota is refused at submission (QuotaExceeded),
+and the scheduler starts a job only while its tenant stays within the quota.
+
 Tracing (OpenTelemetry API only; the process configures the SDK): a span per scheduling
 round that placed jobs, and a span per job run, inside which the gateway calls are
 made, so the job's trace reaches the node agents.
@@ -22,8 +30,9 @@ import math
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -36,7 +45,15 @@ from rdurack.orchestrator.platforms import job_platform
 from rdurack.orchestrator.scheduler import Scheduler
 from rdurack.orchestrator.store import Event, JobStore
 from rdurack.orchestrator.training_job import training_result, validate_training
-from rdurack.rack.errors import InvalidRequest, LinkFailure, RdurackError, SocketBusy
+from rdurack.rack.errors import (
+    InvalidRequest,
+    LinkFailure,
+    PermissionDenied,
+    QuotaExceeded,
+    RdurackError,
+    SocketBusy,
+    UnknownName,
+)
 from rdurack.rack.kernels import Phase, step
 from rdurack.rack.models import builtin_models
 from rdurack.rack.spec import PlatformSpec
@@ -50,6 +67,7 @@ from rdurack.workloads.training.job import TrainingWorkload, ranks_of
 
 log = logging.getLogger(__name__)
 ACTIVE = (JobState.SCHEDULED, JobState.RUNNING)
+OTHER_TENANT = "(another tenant's job)"  # what a tenant sees of a socket it does not hold
 
 
 class Orchestrator:
@@ -64,10 +82,12 @@ class Orchestrator:
         progress_chunks: int = 10,
         poll_s: float = 0.5,
         checkpoint_dir: Path | None = None,
+        quotas: Mapping[str, int] | None = None,
         tracer_provider: trace.TracerProvider | None = None,
     ) -> None:
         """`checkpoint_dir`: where training jobs checkpoint (a directory per job), on a
         filesystem every node agent sees; None: training jobs do not checkpoint.
+        `quotas`: tenant -> the sockets its active jobs may hold (module docstring).
         `tracer_provider`: where its spans go (default: the process's global one)."""
         self.store = store
         self.gateway = gateway
@@ -77,6 +97,7 @@ class Orchestrator:
         self.progress_chunks = progress_chunks
         self.poll_s = poll_s
         self.checkpoint_dir = checkpoint_dir
+        self.quotas = dict(quotas or {})
         self.scheduler = Scheduler(platform.nodes, platform.node.sockets)
         self.predictor = Predictor(platform)
         self.models = builtin_models()
@@ -147,23 +168,46 @@ class Orchestrator:
         )
         self.predictor.check_fits_hbm(model, w.num_sockets, kv_tokens)
 
-    def submit(self, spec: JobSpec, client_request_id: str | None = None) -> tuple[Job, bool]:
+    def submit(
+        self, spec: JobSpec, client_request_id: str | None = None, tenant: str = ""
+    ) -> tuple[Job, bool]:
+        """Store a job of `tenant` once it passes `validate` and the tenant's quota."""
         self.validate(spec)
-        job, created = self.store.submit(uuid.uuid4().hex[:12], spec, client_request_id or None)
+        quota = self.quotas.get(tenant)
+        if quota is not None and spec.sockets > quota:
+            raise QuotaExceeded(tenant, spec.sockets, quota, self._in_use(tenant))
+        job, created = self.store.submit(
+            uuid.uuid4().hex[:12], spec, client_request_id or None, tenant
+        )
         if created:
             self._notify()
             self._kick()
         return job, created
 
-    def get(self, job_id: str) -> Job:
-        return self.store.get(job_id)
+    def get(self, job_id: str, tenant: str | None = None) -> Job:
+        """The job; with `tenant`, only if it is that tenant's (module docstring)."""
+        try:
+            job = self.store.get(job_id)
+        except UnknownName:
+            if tenant is None:
+                raise
+            job = None
+        if tenant is not None and (job is None or job.tenant != tenant):
+            raise PermissionDenied(f"job {job_id!r}: no job of tenant {tenant!r} has this id")
+        assert job is not None
+        return job
 
-    def jobs(self, states: Sequence[JobState] | None = None) -> list[Job]:
-        return self.store.list(states or None)
+    def jobs(
+        self, states: Sequence[JobState] | None = None, tenant: str | None = None
+    ) -> list[Job]:
+        """Jobs in submission order (in `states`; of `tenant` when given)."""
+        return self.store.list(states or None, tenant)
 
-    def cancel(self, job_id: str, reason: str = "") -> Job:
+    def cancel(self, job_id: str, reason: str = "", tenant: str | None = None) -> Job:
         """Cancel a job that has not finished. A running job's sockets are released as
         soon as its current kernel call returns."""
+        if tenant is not None:
+            self.get(job_id, tenant)
         self._cancelled.add(job_id)
         why = reason or "cancelled by the client"
         job = self.store.transition(job_id, JobState.CANCELLED, reason=why, error=why)
@@ -175,11 +219,15 @@ class Orchestrator:
         return self.store.events(job_id, after)
 
     def watch(
-        self, job_id: str, after: int = 0, still_wanted: Callable[[], bool] = lambda: True
+        self,
+        job_id: str,
+        after: int = 0,
+        still_wanted: Callable[[], bool] = lambda: True,
+        tenant: str | None = None,
     ) -> Iterator[Event]:
         """Every event of a job after `after`, as they happen, until the job is finished
         (or the watcher goes away, or the orchestrator stops)."""
-        self.store.get(job_id)  # unknown ids fail now, not after a wait
+        self.get(job_id, tenant)  # unknown (or not its) ids fail now, not after a wait
         while True:
             events = self.store.events(job_id, after)
             yield from events
@@ -192,8 +240,23 @@ class Orchestrator:
                     return
                 self._events.wait(timeout=self.poll_s)
 
-    def rack(self) -> list[NodeView]:
-        return self.gateway.nodes()
+    def rack(self, tenant: str | None = None) -> list[NodeView]:
+        """Every node and socket. With `tenant`, a socket held by another tenant's job
+        shows OTHER_TENANT instead of that job's id: busy, but whose is not said."""
+        nodes = self.gateway.nodes()
+        if tenant is None:
+            return nodes
+        mine = {j.id for j in self.store.list(list(ACTIVE), tenant)}
+        return [
+            replace(
+                n,
+                sockets=tuple(
+                    replace(s, job_id=OTHER_TENANT) if s.job_id and s.job_id not in mine else s
+                    for s in n.sockets
+                ),
+            )
+            for n in nodes
+        ]
 
     # ------------------------------------------------------------------ scheduling
 
@@ -220,11 +283,13 @@ class Orchestrator:
         queued = self.store.queued()
         if not queued:
             return 0
-        busy = {s for j in self.store.list(list(ACTIVE)) for s in j.sockets}
+        active = self.store.list(list(ACTIVE))
+        busy = {s for j in active for s in j.sockets}
         nodes = self.gateway.nodes()
         # A socket an agent reports held is busy, whatever the store says.
         busy |= {s.socket_id for n in nodes for s in n.sockets if s.job_id}
-        placements = self.scheduler.schedule(queued, busy, self._unhealthy(nodes))
+        allowance = {t: q - self._in_use(t, active) for t, q in self.quotas.items()}
+        placements = self.scheduler.schedule(queued, busy, self._unhealthy(nodes), allowance)
         if not placements:
             return 0
         started = 0
@@ -235,6 +300,11 @@ class Orchestrator:
                     started += 1
             span.set_attribute(names.ATTR_JOBS_PLACED, started)
         return started
+
+    def _in_use(self, tenant: str, active: Sequence[Job] | None = None) -> int:
+        """Sockets the tenant's SCHEDULED and RUNNING jobs hold."""
+        jobs = self.store.list(list(ACTIVE), tenant) if active is None else active
+        return sum(j.spec.sockets for j in jobs if j.tenant == tenant)
 
     def _release_orphans(self) -> None:
         """Release sockets the agents still hold for jobs that are no longer scheduled or

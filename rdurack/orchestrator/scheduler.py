@@ -27,11 +27,16 @@ Policy (what `Scheduler.schedule` does each round):
   still start. A job that could not fit even on the idle rack (given the unhealthy
   sockets) never drains the rack, since draining could not help it. Counters of jobs
   that left the queue are forgotten.
+- **Tenant quotas.** `allowance` maps a tenant to the sockets it may still take (its
+  quota less what its SCHEDULED and RUNNING jobs hold). A job that would go over is not
+  placed this round and counts as neither placed nor overtaken: only its own tenant's
+  jobs ending can let it start, so it never drains the rack. Tenants not in the map
+  have no quota.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 # Relative import: the layering test forbids this package from importing
@@ -131,11 +136,14 @@ class Scheduler:
         queued: Sequence[Job],
         busy: Collection[str],
         unhealthy: Collection[str] = (),
+        allowance: Mapping[str, int] | None = None,
     ) -> list[Placement]:
         """Placements for the jobs of `queued` (priority desc, then FIFO) that start now.
 
-        They never overlap each other, `busy` (held by other jobs) or `unhealthy`. Updates
-        the starvation counters (module docstring)."""
+        They never overlap each other, `busy` (held by other jobs) or `unhealthy`, and no
+        tenant in `allowance` gets more sockets than it allows. Updates the starvation
+        counters (module docstring)."""
+        left = dict(allowance or {})
         healthy = self._masks(unhealthy)
         free = self._masks(busy, start=healthy)
         free_count = sum(m.bit_count() for m in free)
@@ -149,11 +157,15 @@ class Scheduler:
             if free_count == 0:
                 break  # nothing later can start, and nothing later overtakes anyone
             k = job.spec.sockets
+            if job.tenant in left and k > left[job.tenant]:
+                continue  # over its tenant's quota for now (module docstring)
             sockets = None if k in failed else self._place(k, free)
             if sockets is not None:
                 placements.append(Placement(job.id, sockets))
                 free_count -= k
                 last_placed = pos
+                if job.tenant in left:
+                    left[job.tenant] -= k
                 continue
             failed.add(k)
             skipped.append((pos, job.id))

@@ -26,7 +26,7 @@ from rdurack.orchestrator.jobs import Job, JobSpec, JobState
 from rdurack.rack.errors import InvalidRequest, RdurackError, UnknownName
 
 # Bumped whenever the schema changes; kept in the file's `PRAGMA user_version`.
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: jobs have a tenant (migrated from 1 on open)
 
 # Job fields `transition` may change. The id, spec, submission order and creation time
 # are fixed at submission; the state and update time are set by `Job.moved`.
@@ -34,11 +34,14 @@ MUTABLE_FIELDS = frozenset(
     {"sockets", "attempts", "emulated_start_ns", "emulated_end_ns", "result", "error"}
 )
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS jobs (
+# The jobs table, by name: the schema creates it as `jobs`, a migration as a new table
+# it then renames (SQLite cannot change a table's constraints in place).
+_JOBS_TABLE = """
+CREATE TABLE IF NOT EXISTS {name} (
     id                TEXT PRIMARY KEY,
     seq               INTEGER NOT NULL UNIQUE,  -- submission order, assigned by the store
-    client_request_id TEXT UNIQUE,              -- NULL for non-idempotent submissions
+    tenant            TEXT NOT NULL DEFAULT '', -- who submitted it, '' for none (open rack)
+    client_request_id TEXT,                     -- NULL for non-idempotent submissions
     state             TEXT NOT NULL,
     priority          INTEGER NOT NULL,         -- copy of spec.priority, for the index
     spec              TEXT NOT NULL,            -- JobSpec as JSON
@@ -51,10 +54,18 @@ CREATE TABLE IF NOT EXISTS jobs (
     emulated_start_ns INTEGER,
     emulated_end_ns   INTEGER,
     result            TEXT,                     -- JSON object or NULL
-    error             TEXT NOT NULL
-);
+    error             TEXT NOT NULL,
+    -- Idempotency keys are per tenant: one tenant's key never finds another's job.
+    UNIQUE (tenant, client_request_id)
+)"""
+
+_SCHEMA = (
+    _JOBS_TABLE.format(name="jobs")
+    + """;
 -- The scheduler's question: the PENDING jobs, highest priority first, then FIFO.
 CREATE INDEX IF NOT EXISTS jobs_by_state ON jobs (state, priority, seq);
+-- A tenant's jobs, newest first (ListJobs).
+CREATE INDEX IF NOT EXISTS jobs_by_tenant ON jobs (tenant, seq);
 CREATE TABLE IF NOT EXISTS events (
     job_id  TEXT NOT NULL REFERENCES jobs (id),
     seq     INTEGER NOT NULL,                   -- 1, 2, 3... within one job
@@ -64,11 +75,14 @@ CREATE TABLE IF NOT EXISTS events (
     PRIMARY KEY (job_id, seq)
 );
 """
+)
 
-_JOB_COLUMNS = (
+# Version 1 had no tenant and a store-wide unique client_request_id.
+_V1_COLUMNS = (
     "id, seq, client_request_id, state, priority, spec, sockets, attempts, created_s, "
     "updated_s, started_s, finished_s, emulated_start_ns, emulated_end_ns, result, error"
 )
+_JOB_COLUMNS = "tenant, " + _V1_COLUMNS
 
 RESTART_ERROR = "orchestrator restarted while the job was running (attempt {n} of {m})"
 
@@ -131,18 +145,39 @@ class JobStore:
         # survives a crash or a power cut; with WAL's usual NORMAL the last commits could
         # be lost on power failure even though the client was told they were stored.
         self._db.execute("PRAGMA synchronous=FULL")
-        self._db.execute("PRAGMA foreign_keys=ON")
+        # Foreign keys are off (SQLite's default) while the schema is made or migrated:
+        # a migration drops and recreates the jobs table that events refer to. They are
+        # checked before the migration commits, and enforced from then on.
+        self._db.execute("PRAGMA foreign_keys=OFF")
         with self._write() as db:
             found = int(db.execute("PRAGMA user_version").fetchone()[0])
             if found > SCHEMA_VERSION:
                 raise UnsupportedStoreVersion(self.path, found, SCHEMA_VERSION)
+            if found == 1:
+                self._migrate_v1(db)
             # executescript would COMMIT our transaction first; run statement by statement
             # so the schema and its version appear together.
             for statement in _SCHEMA.split(";"):
                 if statement.strip():
                     db.execute(statement)
+            if db.execute("PRAGMA foreign_key_check").fetchone() is not None:
+                raise InvalidRequest(f"job store {self.path}: events refer to missing jobs")
             if found < SCHEMA_VERSION:
                 db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+        self._db.execute("PRAGMA foreign_keys=ON")
+
+    @staticmethod
+    def _migrate_v1(db: sqlite3.Connection) -> None:
+        """Version 1 -> 2: every job gets tenant '' (it was submitted to an open rack),
+        and idempotency keys become unique per tenant. SQLite's way to change a table's
+        constraints: a new table, the rows copied, the old one dropped, the new renamed;
+        all inside the caller's transaction, so a crash leaves version 1 as it was."""
+        db.execute(_JOBS_TABLE.format(name="jobs_v2"))
+        db.execute(
+            f"INSERT INTO jobs_v2 (tenant, {_V1_COLUMNS}) SELECT '', {_V1_COLUMNS} FROM jobs"
+        )
+        db.execute("DROP TABLE jobs")  # its index goes with it; the schema recreates it
+        db.execute("ALTER TABLE jobs_v2 RENAME TO jobs")
 
     # ------------------------------------------------------------------ plumbing
 
@@ -176,6 +211,7 @@ class JobStore:
             state=JobState(row["state"]),
             seq=row["seq"],
             client_request_id=row["client_request_id"],
+            tenant=row["tenant"],
             sockets=tuple(json.loads(row["sockets"])),
             attempts=row["attempts"],
             created_s=row["created_s"],
@@ -258,14 +294,15 @@ class JobStore:
     # ------------------------------------------------------------------ API
 
     def submit(
-        self, job_id: str, spec: JobSpec, client_request_id: str | None = None
+        self, job_id: str, spec: JobSpec, client_request_id: str | None = None, tenant: str = ""
     ) -> tuple[Job, bool]:
-        """Store a new PENDING job; (job, True). A reused client request id: (its job, False)."""
+        """Store a new PENDING job of `tenant`; (job, True). A client request id the same
+        tenant used before: (its job, False). Another tenant's ids are never seen."""
         with self._write() as db:
             if client_request_id is not None:
                 row = db.execute(
-                    f"SELECT {_JOB_COLUMNS} FROM jobs WHERE client_request_id = ?",
-                    (client_request_id,),
+                    f"SELECT {_JOB_COLUMNS} FROM jobs WHERE tenant = ? AND client_request_id = ?",
+                    (tenant, client_request_id),
                 ).fetchone()
                 if row is not None:
                     existing = self._job(row)
@@ -280,11 +317,18 @@ class JobStore:
                 raise InvalidRequest(f"job id {job_id!r} is already in the store")
             # Jobs are never deleted, so MAX + 1 only grows; the write lock makes it unique.
             (last,) = db.execute("SELECT COALESCE(MAX(seq), 0) FROM jobs").fetchone()
-            job = Job(id=job_id, spec=spec, seq=int(last) + 1, client_request_id=client_request_id)
+            job = Job(
+                id=job_id,
+                spec=spec,
+                seq=int(last) + 1,
+                client_request_id=client_request_id,
+                tenant=tenant,
+            )
             db.execute(
                 f"INSERT INTO jobs ({_JOB_COLUMNS}) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
+                    job.tenant,
                     job.id,
                     job.seq,
                     job.client_request_id,
@@ -311,15 +355,23 @@ class JobStore:
         with self._read() as db:
             return self._load(db, job_id)
 
-    def list(self, states: Collection[JobState] | None = None) -> builtins.list[Job]:
-        """Every job (or those in `states`) in submission order."""
-        query = f"SELECT {_JOB_COLUMNS} FROM jobs"
+    def list(
+        self, states: Collection[JobState] | None = None, tenant: str | None = None
+    ) -> builtins.list[Job]:
+        """Every job (or those in `states`, of `tenant`) in submission order."""
+        where: builtins.list[str] = []
         args: tuple[str, ...] = ()
         if states is not None:
             if not states:
                 return []
             args = tuple(JobState(s).value for s in states)
-            query += f" WHERE state IN ({', '.join('?' * len(args))})"
+            where.append(f"state IN ({', '.join('?' * len(args))})")
+        if tenant is not None:
+            where.append("tenant = ?")
+            args += (tenant,)
+        query = f"SELECT {_JOB_COLUMNS} FROM jobs"
+        if where:
+            query += " WHERE " + " AND ".join(where)
         with self._read() as db:
             rows = db.execute(query + " ORDER BY seq", args).fetchall()
         return [self._job(r) for r in rows]

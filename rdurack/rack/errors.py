@@ -89,3 +89,21 @@ class LinkFailure(RdurackError):
 class OneProcessPerSocket(RdurackError):
     """A spec that would run two processes (TP or DDP ranks) on one socket. Refused
     before it runs: an RDU serves one process at a time."""
+
+
+class PermissionDenied(RdurackError):
+    """The caller may not do this: another tenant's job, or an admin's operation."""
+
+
+class QuotaExceeded(RdurackError):
+    """A tenant asked for more sockets than its quota allows."""
+
+    def __init__(self, tenant: str, asked: int, quota: int, in_use: int = 0):
+        self.tenant, self.asked, self.quota, self.in_use = tenant, asked, quota, in_use
+        super().__init__(
+            f"tenant {tenant!r}: a job of {asked} sockets exceeds its socket quota of "
+            f"{quota} (in use: {in_use})"
+        )
+
+    def __reduce__(self) -> tuple[type, tuple[str, int, int, int]]:
+        return (type(self), (self.tenant, self.asked, self.quota, self.in_use))

@@ -48,9 +48,13 @@ def load_platform(name: str, spec_file: Path | None = None) -> PlatformSpec:
     if spec_file is None:
         return platform(name)
     try:
-        raw = yaml.load(spec_file.read_text(), Loader=_Loader)
+        raw = yaml.load(spec_file.read_text(encoding="utf-8"), Loader=_Loader)
     except OSError as e:
         raise InvalidRequest(f"cannot read what-if file {spec_file}: {e.strerror}") from None
+    except UnicodeDecodeError as e:
+        raise InvalidRequest(
+            f"{spec_file} is not UTF-8 text (byte {e.start}): a what-if file is YAML"
+        ) from None
     except yaml.YAMLError as e:
         raise InvalidRequest(f"{spec_file} is not valid YAML: {_one_line(e)}") from None
     if raw is None:

@@ -24,6 +24,7 @@ from rdurack.services import (  # noqa: F401  (commands)
     cli_coe,
     cli_demo,
     cli_rack,
+    cli_security,
     cli_trace,
     cli_train,
 )

@@ -17,9 +17,14 @@ from rdurack.services.cli_rack import (
     WATCH_TIMEOUT_S,
     AddressOpt,
     TimeoutOpt,
+    TlsCaOpt,
+    TlsNameOpt,
+    TokenFileOpt,
+    TokenOpt,
     submit_and_follow,
     submit_app,
     talks_to_orchestrator,
+    target,
 )
 from rdurack.services.convert import PLAN_TO_PROTO
 from rdurack.v1 import common_pb2, job_pb2
@@ -34,6 +39,8 @@ def read_trace(path: Path) -> list[job_pb2.CoeTraceRequest]:
         lines = path.read_text(encoding="utf-8").splitlines()
     except OSError as e:
         raise InvalidRequest(f"--trace {path}: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        raise InvalidRequest(f"--trace {path}: not UTF-8 text (byte {e.start})") from None
     for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
@@ -96,6 +103,10 @@ def submit_coe_cmd(
     wait: Annotated[bool, typer.Option("--wait", help="follow the job until it ends")] = False,
     timeout: TimeoutOpt = WATCH_TIMEOUT_S,
     address: AddressOpt = DEFAULT_ADDRESS,
+    token: TokenOpt = "",
+    token_file: TokenFileOpt = None,
+    tls_ca: TlsCaOpt = None,
+    tls_server_name: TlsNameOpt = "",
     as_json: JsonOpt = False,
 ) -> None:
     """Composition-of-Experts inference: route prompts to experts, switch them DDR->HBM,
@@ -128,4 +139,5 @@ def submit_coe_cmd(
         if functional
         else common_pb2.PAYLOAD_MODE_TIMING,
     )
-    submit_and_follow(spec, address, wait=wait, timeout_s=timeout, as_json=as_json)
+    to = target(address, token, token_file, tls_ca, tls_server_name)
+    submit_and_follow(spec, to, wait=wait, timeout_s=timeout, as_json=as_json)

@@ -29,6 +29,7 @@ from rdurack.services.cli_rack import (
     RPC_TIMEOUT_S,
     WATCH_TIMEOUT_S,
     StateDirOpt,
+    Target,
     TimeoutOpt,
     _follow_all,
     _get,
@@ -252,7 +253,7 @@ def demo_cmd(
     )
     bad: list[str] = []
     try:
-        ch, stub = _stubs(rack.orchestrator)
+        ch, stub = _stubs(Target(rack.orchestrator))
         with ch:
             jobs = demo_jobs()
             ids = []

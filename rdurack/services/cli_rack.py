@@ -9,6 +9,7 @@ import json
 import sys
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, NoReturn, TypeVar, cast
 
@@ -30,6 +31,7 @@ from rich.table import Table
 from rdurack.orchestrator.jobs import JobState
 from rdurack.rack.errors import RdurackError
 from rdurack.rack.kernels import FusionPlan, Phase
+from rdurack.security.tls import ENV_CA, ENV_SERVER_NAME, TlsConfig, tls_from
 from rdurack.services.cli_app import JsonOpt, app, emit
 from rdurack.services.grpc_server import channel
 from rdurack.v1 import common_pb2, job_pb2, job_pb2_grpc, rack_pb2, rack_pb2_grpc
@@ -56,6 +58,67 @@ AddressOpt = Annotated[
 TimeoutOpt = Annotated[
     float, typer.Option("--timeout", min=1, help="seconds to wait for the job to end")
 ]
+TokenOpt = Annotated[
+    str,
+    typer.Option(
+        "--token", envvar="RDURACK_TOKEN", help="bearer token (the rack's tokens file names it)"
+    ),
+]
+TokenFileOpt = Annotated[
+    Path | None,
+    typer.Option("--token-file", envvar="RDURACK_TOKEN_FILE", help="a file holding the token"),
+]
+TlsCaOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--tls-ca", envvar=ENV_CA, help="TLS: the CA of the orchestrator's certificate (PEM)"
+    ),
+]
+TlsNameOpt = Annotated[
+    str,
+    typer.Option(
+        "--tls-server-name",
+        envvar=ENV_SERVER_NAME,
+        help="TLS: the name to expect in its certificate (default: the host dialled)",
+    ),
+]
+
+
+@dataclass(frozen=True)
+class Target:
+    """The orchestrator a client command talks to, and how (TLS, token)."""
+
+    address: str
+    token: str | None = None
+    tls: TlsConfig | None = None
+
+    def channel(self) -> grpc.Channel:
+        return channel(self.address, tls=self.tls, token=self.token)
+
+
+def target(
+    address: str,
+    token: str = "",
+    token_file: Path | None = None,
+    tls_ca: Path | None = None,
+    tls_server_name: str = "",
+) -> Target:
+    """A Target from the connection options every client command takes."""
+    if token and token_file is not None:
+        raise RdurackError("--token and --token-file: give one of them")
+    if token_file is not None:
+        try:
+            token = token_file.read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as e:
+            raise RdurackError(f"--token-file {token_file}: {getattr(e, 'strerror', e)}") from None
+        if not token:
+            raise RdurackError(f"--token-file {token_file}: the file is empty")
+    if tls_server_name and tls_ca is None:
+        raise RdurackError("--tls-server-name needs --tls-ca")
+    tls = tls_from(tls_ca, server_name=tls_server_name or None)
+    if tls is not None:
+        tls.ca_pem()  # a missing or bad CA file is the user's error, said now
+    return Target(address, token or None, tls)
 
 
 # gRPC codes that mean the request was wrong (exit 2), as for bad command-line values.
@@ -65,6 +128,8 @@ USER_ERRORS = frozenset(
         grpc.StatusCode.NOT_FOUND,
         grpc.StatusCode.RESOURCE_EXHAUSTED,
         grpc.StatusCode.FAILED_PRECONDITION,
+        grpc.StatusCode.PERMISSION_DENIED,
+        grpc.StatusCode.UNAUTHENTICATED,
     }
 )
 
@@ -84,7 +149,9 @@ class RackCallFailed(RdurackError):
             return cls(details, 2)
         if code == grpc.StatusCode.UNAVAILABLE:
             return cls(
-                f"the orchestrator at {address} is unavailable; is the rack up? run rdu up", 1
+                f"the orchestrator at {address} is unavailable; is the rack up? run rdu up "
+                "(if it serves TLS: --tls-ca)",
+                1,
             )
         name = code.name if code is not None else "error"
         return cls(f"{name} from {address}: {' '.join(details.split())}", 1)
@@ -113,6 +180,18 @@ def up_cmd(
     state_dir: StateDirOpt = Path(".state"),
     port: Annotated[int, typer.Option(min=0, max=65535, help="orchestrator port")] = 50051,
     timeout: Annotated[float, typer.Option(min=1, help="seconds to wait for readiness")] = 60,
+    tls: Annotated[
+        bool,
+        typer.Option(
+            "--tls", help="TLS everywhere, with a throwaway CA in STATE_DIR/tls (mutual in-rack)"
+        ),
+    ] = False,
+    tokens: Annotated[
+        Path | None,
+        typer.Option(
+            "--tokens", help="a tokens file: the orchestrator requires bearer tokens (tenants)"
+        ),
+    ] = None,
 ) -> None:
     """Start local Ray, the node agents and the orchestrator; return once all serve."""
     from rdurack.services import local_rack
@@ -124,11 +203,14 @@ def up_cmd(
         port,
         timeout,
         on_ready=lambda name, address: print(f"{name:<14} ready at {address}", flush=True),
+        tls=tls,
+        tokens=tokens,
     )
     print(
         f"rack up: {nodes} x {sockets_per_node} sockets; orchestrator at {rack.orchestrator}; "
         f"logs in {state_dir / 'logs'}; stop it with: rdu down --state-dir {state_dir}"
     )
+    print(f"security: {rack.security()}")
 
 
 @app.command("down")
@@ -143,8 +225,8 @@ def down_cmd(state_dir: StateDirOpt = Path(".state")) -> None:
 # --------------------------------------------------------------------- the rack: a client
 
 
-def _stubs(address: str) -> tuple[grpc.Channel, job_pb2_grpc.JobServiceStub]:
-    ch = channel(address)
+def _stubs(to: Target) -> tuple[grpc.Channel, job_pb2_grpc.JobServiceStub]:
+    ch = to.channel()
     return ch, job_pb2_grpc.JobServiceStub(ch)
 
 
@@ -392,11 +474,11 @@ def _ended(job: job_pb2.Job, as_json: bool) -> None:
 
 
 def submit_and_follow(
-    spec: job_pb2.JobSpec, address: str, *, wait: bool, timeout_s: float, as_json: bool
+    spec: job_pb2.JobSpec, to: Target, *, wait: bool, timeout_s: float, as_json: bool
 ) -> None:
     """Submit; print the job id (or the job, --json); with `wait` follow it to its end
     (progress bar on stderr) and print it, exiting 1 unless it SUCCEEDED."""
-    ch, stub = _stubs(address)
+    ch, stub = _stubs(to)
     with ch:
         reply = stub.SubmitJob(job_pb2.SubmitJobRequest(spec=spec), timeout=RPC_TIMEOUT_S)
         job = reply.job
@@ -432,6 +514,10 @@ def submit_kernel_cmd(
     wait: Annotated[bool, typer.Option("--wait", help="follow the job until it ends")] = False,
     timeout: TimeoutOpt = WATCH_TIMEOUT_S,
     address: AddressOpt = DEFAULT_ADDRESS,
+    token: TokenOpt = "",
+    token_file: TokenFileOpt = None,
+    tls_ca: TlsCaOpt = None,
+    tls_server_name: TlsNameOpt = "",
     as_json: JsonOpt = False,
 ) -> None:
     """A kernel job: one model's prefill, decode or train step on N sockets."""
@@ -448,7 +534,7 @@ def submit_kernel_cmd(
     spec = job_pb2.JobSpec(
         name=name, priority=priority, client_request_id=request_id, kernel=kernel
     )
-    ch, stub = _stubs(address)
+    ch, stub = _stubs(target(address, token, token_file, tls_ca, tls_server_name))
     with ch:
         reply = stub.SubmitJob(job_pb2.SubmitJobRequest(spec=spec), timeout=RPC_TIMEOUT_S)
         job = reply.job
@@ -469,10 +555,14 @@ def watch_cmd(
     job_id: Annotated[str, typer.Argument(help="a job id, e.g. job-000001")],
     timeout: TimeoutOpt = WATCH_TIMEOUT_S,
     address: AddressOpt = DEFAULT_ADDRESS,
+    token: TokenOpt = "",
+    token_file: TokenFileOpt = None,
+    tls_ca: TlsCaOpt = None,
+    tls_server_name: TlsNameOpt = "",
     as_json: JsonOpt = False,
 ) -> None:
     """A progress bar until the job ends; exit 1 if it FAILED or was CANCELLED."""
-    ch, stub = _stubs(address)
+    ch, stub = _stubs(target(address, token, token_file, tls_ca, tls_server_name))
     with ch:
         _ended(_watch(stub, job_id, timeout, show=not as_json), as_json)
 
@@ -482,10 +572,14 @@ def watch_cmd(
 def job_cmd(
     job_id: Annotated[str, typer.Argument(help="a job id")],
     address: AddressOpt = DEFAULT_ADDRESS,
+    token: TokenOpt = "",
+    token_file: TokenFileOpt = None,
+    tls_ca: TlsCaOpt = None,
+    tls_server_name: TlsNameOpt = "",
     as_json: JsonOpt = False,
 ) -> None:
     """One job: its state, sockets and result."""
-    ch, stub = _stubs(address)
+    ch, stub = _stubs(target(address, token, token_file, tls_ca, tls_server_name))
     with ch:
         _show_job(_get(stub, job_id), as_json)
 
@@ -496,10 +590,14 @@ def cancel_cmd(
     job_id: Annotated[str, typer.Argument(help="a job id")],
     reason: Annotated[str, typer.Option(help="recorded as the job's error")] = "cancelled by rdu",
     address: AddressOpt = DEFAULT_ADDRESS,
+    token: TokenOpt = "",
+    token_file: TokenFileOpt = None,
+    tls_ca: TlsCaOpt = None,
+    tls_server_name: TlsNameOpt = "",
     as_json: JsonOpt = False,
 ) -> None:
     """Cancel a job that has not ended; its sockets are released."""
-    ch, stub = _stubs(address)
+    ch, stub = _stubs(target(address, token, token_file, tls_ca, tls_server_name))
     with ch:
         job = stub.CancelJob(
             job_pb2.CancelJobRequest(job_id=job_id, reason=reason), timeout=RPC_TIMEOUT_S
@@ -519,24 +617,28 @@ def jobs_cmd(
     ] = None,
     limit: Annotated[int, typer.Option(min=1, help="at most this many jobs")] = 1000,
     address: AddressOpt = DEFAULT_ADDRESS,
+    token: TokenOpt = "",
+    token_file: TokenFileOpt = None,
+    tls_ca: TlsCaOpt = None,
+    tls_server_name: TlsNameOpt = "",
     as_json: JsonOpt = False,
 ) -> None:
     """Jobs, newest first."""
     states = [common_pb2.JobState.Value(f"JOB_STATE_{s.value}") for s in state or []]
     jobs: list[job_pb2.Job] = []
-    token = ""
-    ch, stub = _stubs(address)
+    page_token = ""
+    ch, stub = _stubs(target(address, token, token_file, tls_ca, tls_server_name))
     with ch:
         while len(jobs) < limit:
             page = stub.ListJobs(
                 job_pb2.ListJobsRequest(
-                    states=states, page_size=min(500, limit - len(jobs)), page_token=token
+                    states=states, page_size=min(500, limit - len(jobs)), page_token=page_token
                 ),
                 timeout=RPC_TIMEOUT_S,
             )
             jobs += page.jobs
-            token = page.next_page_token
-            if not token or not page.jobs:
+            page_token = page.next_page_token
+            if not page_token or not page.jobs:
                 break
     rows = [_job_dict(j) for j in jobs[:limit]]
     if as_json:
@@ -628,9 +730,16 @@ def _rack_dict(rack: rack_pb2.RackStatus) -> dict[str, Any]:
 
 @app.command("status")
 @talks_to_orchestrator
-def status_cmd(address: AddressOpt = DEFAULT_ADDRESS, as_json: JsonOpt = False) -> None:
+def status_cmd(
+    address: AddressOpt = DEFAULT_ADDRESS,
+    token: TokenOpt = "",
+    token_file: TokenFileOpt = None,
+    tls_ca: TlsCaOpt = None,
+    tls_server_name: TlsNameOpt = "",
+    as_json: JsonOpt = False,
+) -> None:
     """The rack: every socket's health, job, emulated clock and memory per tier."""
-    with channel(address) as ch:
+    with target(address, token, token_file, tls_ca, tls_server_name).channel() as ch:
         rack = (
             rack_pb2_grpc.RackServiceStub(ch)
             .GetRack(rack_pb2.GetRackRequest(), timeout=RPC_TIMEOUT_S)

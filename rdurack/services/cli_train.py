@@ -12,9 +12,14 @@ from rdurack.services.cli_rack import (
     WATCH_TIMEOUT_S,
     AddressOpt,
     TimeoutOpt,
+    TlsCaOpt,
+    TlsNameOpt,
+    TokenFileOpt,
+    TokenOpt,
     submit_and_follow,
     submit_app,
     talks_to_orchestrator,
+    target,
 )
 from rdurack.v1 import common_pb2, job_pb2
 from rdurack.workloads.training.job import NUMPY_MODELS
@@ -66,6 +71,10 @@ def submit_train_cmd(
     wait: Annotated[bool, typer.Option("--wait", help="follow the job until it ends")] = False,
     timeout: TimeoutOpt = WATCH_TIMEOUT_S,
     address: AddressOpt = DEFAULT_ADDRESS,
+    token: TokenOpt = "",
+    token_file: TokenFileOpt = None,
+    tls_ca: TlsCaOpt = None,
+    tls_server_name: TlsNameOpt = "",
     as_json: JsonOpt = False,
 ) -> None:
     """Data-parallel training, torch DDP semantics: one rank per socket, gradients
@@ -101,4 +110,5 @@ def submit_train_cmd(
         if functional
         else common_pb2.PAYLOAD_MODE_TIMING,
     )
-    submit_and_follow(spec, address, wait=wait, timeout_s=timeout, as_json=as_json)
+    to = target(address, token, token_file, tls_ca, tls_server_name)
+    submit_and_follow(spec, to, wait=wait, timeout_s=timeout, as_json=as_json)

@@ -26,6 +26,7 @@ from typing import Any
 from ray import cloudpickle
 
 from rdurack.rack.errors import RdurackError
+from rdurack.security.tls import TlsConfig
 from rdurack.services.grpc_server import channel
 from rdurack.v1 import common_pb2, job_pb2, job_pb2_grpc
 from rdurack.workloads.training.job import MAX_LOOP_BYTES
@@ -42,9 +43,12 @@ def run_training_loop(
     wall_timeout_s: float = 60.0,
     timeout_s: float = 600.0,
     name: str = "client loop",
+    token: str | None = None,
+    tls: TlsConfig | None = None,
 ) -> list[Any]:
     """Run `fn(ctx)` on `world_size` ranks (one socket each) and return their return
-    values by rank. Raises RdurackError with the job's error if it does not succeed."""
+    values by rank. Raises RdurackError with the job's error if it does not succeed.
+    `token`, `tls`: a bearer token and the TLS settings (the CA) of a secured rack."""
     payload = bytes(cloudpickle.dumps(fn))  # type: ignore[no-untyped-call]
     if len(payload) > MAX_LOOP_BYTES:
         raise RdurackError(
@@ -60,7 +64,7 @@ def run_training_loop(
             wall_timeout_s=wall_timeout_s,
         ),
     )  # fmt: skip
-    with channel(address) as ch:
+    with channel(address, tls=tls, token=token) as ch:
         stub = job_pb2_grpc.JobServiceStub(ch)
         job = stub.SubmitJob(job_pb2.SubmitJobRequest(spec=spec), timeout=30).job
         for _ in stub.WatchJob(job_pb2.WatchJobRequest(job_id=job.id), timeout=timeout_s):

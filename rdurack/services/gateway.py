@@ -9,6 +9,7 @@ import grpc
 from rdurack.orchestrator.gateway import KernelRun, NodeView, SocketView, TierView
 from rdurack.orchestrator.jobs import KernelWorkload
 from rdurack.rack.errors import InvalidRequest, LinkFailure, OutOfMemory, RdurackError
+from rdurack.security.tls import TlsConfig
 from rdurack.services import convert, program_convert, training_convert
 from rdurack.services.grpc_server import channel
 from rdurack.v1 import node_agent_pb2, node_agent_pb2_grpc, rack_pb2
@@ -29,15 +30,22 @@ WORK_RETRYABLE = RETRYABLE - {grpc.StatusCode.FAILED_PRECONDITION}
 
 
 class GrpcNodeGateway:
-    """`agents[i]` is the address of node i's agent."""
+    """`agents[i]` is the address of node i's agent. With `tls`, every channel is mutual
+    TLS as a rack member (the agents accept nothing else)."""
 
-    def __init__(self, agents: Sequence[str], timeout_s: float = 120.0, probe_s: float = 5.0):
+    def __init__(
+        self,
+        agents: Sequence[str],
+        timeout_s: float = 120.0,
+        probe_s: float = 5.0,
+        tls: TlsConfig | None = None,
+    ):
         if not agents:
             raise InvalidRequest("at least one node agent address is needed")
         self.addresses = list(agents)
         self.timeout_s = timeout_s
         self.probe_s = probe_s
-        self._channels = [channel(a) for a in self.addresses]
+        self._channels = [channel(a, tls=tls, rack=True) for a in self.addresses]
         self._stubs = [node_agent_pb2_grpc.NodeAgentServiceStub(c) for c in self._channels]
 
     def close(self) -> None:

@@ -159,6 +159,7 @@ def job_to_proto(job: Job) -> job_pb2.Job:
         emulated_start_ns=job.emulated_start_ns or 0,
         emulated_end_ns=job.emulated_end_ns or 0,
         error_message=job.error,
+        tenant=job.tenant,
     )
     if job.started_s is not None:
         msg.start_time.CopyFrom(_time(job.started_s))

@@ -12,6 +12,12 @@ stderr to `STATE_DIR/logs/<name>.log` (a file, not a pipe: the processes outlive
 only while it is the same process (same start time, "rdurack" in its command line).
 Every process gets `RDURACK_TRACE_DIR=STATE_DIR/traces` (unless the environment sets
 it; empty turns trace files off), so `rdu trace` and `rdu plot` find each job's spans.
+
+Security: by default everything is plaintext on 127.0.0.1 and the API is open (anyone
+on this machine may submit jobs). `tls=True` makes a throwaway rack CA and member
+certificate in STATE_DIR/tls (security/certs.py): the orchestrator serves TLS, and node
+agents and links are mutual TLS among rack members. `tokens` (a tokens file) makes the
+orchestrator require bearer tokens.
 """
 
 from __future__ import annotations
@@ -31,6 +37,16 @@ import psutil
 
 from rdurack import RAY_ENVIRONMENT
 from rdurack.rack.errors import RdurackError
+from rdurack.security import certs
+from rdurack.security.auth import load_tokens
+from rdurack.security.tls import (
+    DEFAULT_RACK_IDENTITY,
+    ENV_CA,
+    ENV_CERT,
+    ENV_KEY,
+    ENV_RACK_IDENTITY,
+    ENV_SERVER_NAME,
+)
 from rdurack.telemetry.file_export import TRACE_DIR_ENV
 
 DEFAULT_PLATFORM = "sn40l-rack16"
@@ -38,6 +54,8 @@ DEFAULT_SHAPE = (2, 8)  # nodes, sockets per node of sn40l-rack16
 RACK_FILE = "rack.json"
 SPEC_FILE = "platform.yaml"
 TRACES_DIR = "traces"  # STATE_DIR/traces: the processes' trace files (telemetry/file_export.py)
+TLS_DIR = "tls"  # STATE_DIR/tls: `up --tls`'s throwaway CA and member certificate
+SECURITY_ENV = (ENV_CA, ENV_CERT, ENV_KEY, ENV_RACK_IDENTITY, ENV_SERVER_NAME, "RDURACK_TOKENS")
 STOP_WAIT_S = 15.0
 TAIL_LINES = 15
 
@@ -58,6 +76,22 @@ class RackProcesses:
     pids: dict[str, int] = field(default_factory=dict)
     addresses: dict[str, str] = field(default_factory=dict)
     started_s: dict[str, float] = field(default_factory=dict)  # psutil create_time
+    tls_ca: str = ""  # the CA clients must trust; "" when plaintext
+    tokens: str = ""  # the tokens file the orchestrator checks; "" when open
+
+    def security(self) -> str:
+        """One line: how the rack is protected, and what a client needs."""
+        transport = (
+            f"TLS (clients: --tls-ca {self.tls_ca})"
+            if self.tls_ca
+            else "plaintext on loopback (127.0.0.1)"
+        )
+        access = (
+            f"bearer tokens required (tokens file {self.tokens}; clients: --token)"
+            if self.tokens
+            else "unauthenticated: anyone on this machine may submit and cancel jobs"
+        )
+        return f"{transport}; {access}"
 
     @property
     def orchestrator(self) -> str:
@@ -72,6 +106,8 @@ class RackProcesses:
             "addresses": self.addresses,
             "started_s": self.started_s,
             "logs": str(self.state_dir / "logs"),
+            "tls_ca": self.tls_ca,
+            "tokens": self.tokens,
         }
 
     def save(self) -> None:
@@ -95,7 +131,10 @@ def _env(state_dir: Path) -> dict[str, str]:
     # trace dir reaches every process of the rack this way. Absolute: the children may
     # change directory. A user's own value (even empty: no files) wins.
     traces = {TRACE_DIR_ENV: os.environ.get(TRACE_DIR_ENV, str(trace_dir(state_dir).resolve()))}
-    return {**os.environ, **RAY_ENVIRONMENT, "PYTHONUNBUFFERED": "1", **traces}
+    # Security comes from `up`'s own flags only: a client's RDURACK_TLS_CA or
+    # RDURACK_TOKENS in this shell must not turn half a server's security on.
+    inherited = {k: v for k, v in os.environ.items() if k not in SECURITY_ENV}
+    return {**inherited, **RAY_ENVIRONMENT, "PYTHONUNBUFFERED": "1", **traces}
 
 
 def _spawn(name: str, module: str, args: list[str], logs: Path) -> subprocess.Popen[bytes]:
@@ -182,15 +221,19 @@ def up(
     timeout_s: float = 60,
     host: str = "127.0.0.1",
     on_ready: Callable[[str, str], None] | None = None,
+    tls: bool = False,
+    tokens: Path | None = None,
 ) -> RackProcesses:
     """Start the Ray head, `nodes` node agents and the orchestrator; return when all
     serve. On failure, stop what was started and raise an RdurackError naming the
     process that failed, with the end of its log. `on_ready(name, address)` is called as
-    each becomes ready."""
+    each becomes ready. `tls`, `tokens`: the module docstring."""
     if nodes < 1 or sockets_per_node < 1:
         raise RdurackError("--nodes and --sockets-per-node must be at least 1")
     if not 0 <= port <= 65535:
         raise RdurackError(f"--port {port}: not a TCP port (0..65535)")
+    if tokens is not None:
+        load_tokens(tokens)  # a bad file is refused before anything starts
     state_dir.mkdir(parents=True, exist_ok=True)
     if live := live_pids(state_dir):
         names = ", ".join(f"{n} (pid {p})" for n, p in live.items())
@@ -198,6 +241,15 @@ def up(
     logs = state_dir / "logs"
     logs.mkdir(exist_ok=True)
     rack = RackProcesses(state_dir, DEFAULT_PLATFORM, nodes, sockets_per_node)
+    security: list[str] = []
+    if tls:
+        tls_dir = certs.write_rack_set((state_dir / TLS_DIR).resolve(), DEFAULT_RACK_IDENTITY)
+        security = ["--tls-ca", str(tls_dir / certs.CA_FILE)]
+        security += ["--tls-cert", str(tls_dir / certs.CERT_FILE)]
+        security += ["--tls-key", str(tls_dir / certs.KEY_FILE)]
+        rack.tls_ca = str(tls_dir / certs.CA_FILE)
+    if tokens is not None:
+        rack.tokens = str(tokens.resolve())
     spec: list[str] = []
     if (nodes, sockets_per_node) != DEFAULT_SHAPE:
         spec_file = (state_dir / SPEC_FILE).resolve()
@@ -231,12 +283,15 @@ def up(
             name = f"node-agent-{i}"
             args = ["--node-index", str(i), "--ray-address", rack.addresses["ray-head"]]
             args += ["--host", host, "--port", "0", "--platform", DEFAULT_PLATFORM, *spec]
+            args += security
             started(name, _spawn(name, "rdurack.services.node_agent_main", args, logs))
             agents[name] = (procs[name], f"node-agent {i}")
         ready(_await_ready(agents, logs, deadline))
         args = ["--host", host, "--port", str(port), "--state-dir", str(state_dir.resolve())]
         args += ["--platform", DEFAULT_PLATFORM, *spec]
-        args += ["--agents", ",".join(rack.addresses[n] for n in agents)]
+        args += ["--agents", ",".join(rack.addresses[n] for n in agents), *security]
+        if tokens is not None:
+            args += ["--tokens", rack.tokens]
         started(
             "orchestrator", _spawn("orchestrator", "rdurack.services.orchestrator_main", args, logs)
         )

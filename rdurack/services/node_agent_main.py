@@ -9,6 +9,11 @@ Settings come from flags, else the environment (for Kubernetes pods):
     --host         RDURACK_HOST         address to serve on (default 127.0.0.1)
     --port         RDURACK_AGENT_PORT   NodeAgentService port (0: a free port)
     --time-scale   RDURACK_TIME_SCALE   wall seconds per emulated second (0: no pacing)
+    --tls-ca, --tls-cert, --tls-key     mutual TLS among rack members, for NodeAgentService
+                   RDURACK_TLS_CA, _CERT, _KEY  and every socket's links (default: plaintext)
+    --tls-rack-identity RDURACK_TLS_RACK_IDENTITY  the rack members' certificate name
+    --health-port  RDURACK_HEALTH_PORT  plaintext grpc.health.v1 only, for Kubernetes
+                                        probes (default: off)
 
 It prints one line `node-agent <index> ready at <host:port>` once every socket serves.
 """
@@ -27,6 +32,7 @@ from rdurack.node_agent.actors import start_ray
 from rdurack.node_agent.agent import NodeAgent
 from rdurack.rack.errors import RdurackError
 from rdurack.rack.whatif import load_platform
+from rdurack.security.tls import add_tls_arguments, tls_from_args
 from rdurack.services.grpc_server import Server
 from rdurack.services.node_agent_service import SERVICE, NodeAgentService
 from rdurack.services.stop_signal import StopSignal
@@ -45,6 +51,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--host", default=env("RDURACK_HOST", "127.0.0.1"))
     p.add_argument("--port", type=int, default=int(env("RDURACK_AGENT_PORT", "0")))
     p.add_argument("--time-scale", type=float, default=float(env("RDURACK_TIME_SCALE", "0")))
+    p.add_argument(
+        "--health-port", type=int, default=int(h) if (h := env("RDURACK_HEALTH_PORT")) else None
+    )
+    add_tls_arguments(p)
     return p.parse_args(argv)
 
 
@@ -53,7 +63,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = parse(argv)
         platform = load_platform(args.platform, args.spec)
-        agent = NodeAgent(args.node_index, platform, time_scale=args.time_scale, host=args.host)
+        tls = tls_from_args(args)
+        if tls is not None:
+            tls.key_pair()  # mutual TLS needs its own certificate: refuse now, not later
+        agent = NodeAgent(
+            args.node_index, platform, time_scale=args.time_scale, host=args.host, tls=tls
+        )
     except (RdurackError, ValueError) as e:
         print(f"node-agent: {e}", file=sys.stderr)
         return 2
@@ -61,8 +76,17 @@ def main(argv: list[str] | None = None) -> int:
     start_ray(args.ray_address or None)
     agent.start()
     service = NodeAgentService(agent)
-    server = Server([(SERVICE, service.add_to)], host=args.host, port=args.port)
+    server = Server(
+        [(SERVICE, service.add_to)],
+        host=args.host,
+        port=args.port,
+        tls=tls,
+        rack_peers=tls is not None,
+        health_port=args.health_port,
+    )
     service.address = server.address
+    if server.health_address is not None:
+        print(f"node-agent {args.node_index} health (plaintext) at {server.health_address}")
     print(f"node-agent {args.node_index} ready at {server.address}", flush=True)
 
     StopSignal().install().wait()

@@ -14,8 +14,18 @@ Settings come from flags, else the environment:
                                              STATE_DIR/checkpoints)
     --metrics-port RDURACK_METRICS_PORT      serve rack metrics for Prometheus at
                                              http://HOST:PORT/metrics (default: off)
+    --tokens      RDURACK_TOKENS             tokens file: bearer tokens -> tenants, quotas
+                                             (default: none, the API is open)
+    --tls-ca, --tls-cert, --tls-key          TLS: the rack CA, this server's certificate
+                  RDURACK_TLS_CA, _CERT, _KEY and key (default: none, plaintext); the
+                                             same files make its channels to the node
+                                             agents mutual TLS
+    --tls-rack-identity RDURACK_TLS_RACK_IDENTITY  the rack members' certificate name
+    --health-port RDURACK_HEALTH_PORT        plaintext grpc.health.v1 only, for
+                                             Kubernetes probes (default: off)
 
-It prints one line `orchestrator ready at <host:port>` once it serves.
+It prints one line saying whether it serves TLS and requires tokens, and one line
+`orchestrator ready at <host:port>` once it serves.
 """
 
 from __future__ import annotations
@@ -30,10 +40,12 @@ from rdurack.orchestrator.orchestrator import Orchestrator
 from rdurack.orchestrator.store import JobStore
 from rdurack.rack.errors import RdurackError
 from rdurack.rack.whatif import load_platform
+from rdurack.security.auth import Authenticator
+from rdurack.security.tls import add_tls_arguments, tls_from_args
 from rdurack.services import rack_metrics
 from rdurack.services.gateway import GrpcNodeGateway
-from rdurack.services.grpc_server import Server
-from rdurack.services.job_service import JOB_SERVICE, RACK_SERVICE, JobService, RackService
+from rdurack.services.grpc_server import security_notice
+from rdurack.services.job_service import serve_api
 from rdurack.services.stop_signal import StopSignal
 from rdurack.telemetry import setup
 
@@ -62,6 +74,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         type=int,
         default=int(m) if (m := env("RDURACK_METRICS_PORT")) else None,
     )
+    p.add_argument("--tokens", type=Path, default=Path(t) if (t := env("RDURACK_TOKENS")) else None)
+    p.add_argument(
+        "--health-port", type=int, default=int(h) if (h := env("RDURACK_HEALTH_PORT")) else None
+    )
+    add_tls_arguments(p)
     return p.parse_args(argv)
 
 
@@ -76,25 +93,34 @@ def main(argv: list[str] | None = None) -> int:
                 f"--agents: {platform.name} has {platform.nodes} nodes; got {len(agents)} "
                 "agent addresses"
             )
+        tls = tls_from_args(args)
+        if tls is not None:
+            tls.key_pair()  # a server needs its own certificate: refuse now, not later
+        auth = Authenticator.from_file(args.tokens)
         store = JobStore(args.state_dir / "jobs.sqlite")
     except (RdurackError, ValueError) as e:
         print(f"orchestrator: {e}", file=sys.stderr)
         return 2
     setup.configure("rdurack-orchestrator")
-    gateway = GrpcNodeGateway(agents)
+    gateway = GrpcNodeGateway(agents, tls=tls)
     checkpoints = args.checkpoint_dir or args.state_dir / "checkpoints"
     orchestrator = Orchestrator(
-        store, gateway, platform, recovery=args.recovery, checkpoint_dir=checkpoints.resolve()
+        store,
+        gateway,
+        platform,
+        recovery=args.recovery,
+        checkpoint_dir=checkpoints.resolve(),
+        quotas=auth.quotas(),
     )
     recovered = orchestrator.start()
     try:
-        server = Server(
-            [
-                (JOB_SERVICE, JobService(orchestrator).add_to),
-                (RACK_SERVICE, RackService(orchestrator).add_to),
-            ],
+        server = serve_api(
+            orchestrator,
+            auth,
             host=args.host,
             port=args.port,
+            tls=tls,
+            health_port=args.health_port,
         )
     except OSError as e:
         print(f"orchestrator: {e}", file=sys.stderr)
@@ -106,6 +132,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.metrics_port is not None:
         metrics = rack_metrics.serve(orchestrator, args.host, args.metrics_port)
         print(f"orchestrator metrics at {metrics.url}", flush=True)
+    print(f"orchestrator: {security_notice(args.host, tls is not None, auth)}", flush=True)
+    if server.health_address is not None:
+        print(f"orchestrator health (plaintext) at {server.health_address}", flush=True)
     print(f"orchestrator ready at {server.address}", flush=True)
     StopSignal().install().wait()
     if metrics is not None:

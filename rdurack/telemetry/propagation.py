@@ -149,7 +149,9 @@ class ServerTracing(grpc.ServerInterceptor):
         )
 
 
-class _Details(grpc.ClientCallDetails):
+class CallDetails(grpc.ClientCallDetails):
+    """A call's details with other metadata (what client interceptors hand on)."""
+
     def __init__(
         self, base: grpc.ClientCallDetails, metadata: list[tuple[str, str | bytes]]
     ) -> None:
@@ -183,7 +185,7 @@ class ClientTracing(
             carrier.items()
         )
         try:
-            call = continuation(_Details(details, metadata), request)
+            call = continuation(CallDetails(details, metadata), request)
         except grpc.RpcError as e:
             code = e.code() if isinstance(e, grpc.Call) else grpc.StatusCode.UNKNOWN
             _finish(span, code, str(e), server=False)

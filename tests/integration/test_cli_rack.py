@@ -74,6 +74,8 @@ def test_up_submit_watch_cancel_down(tmp_path: Path) -> None:
         )
         assert done.returncode == 0, done.stderr
         assert f"orchestrator   ready at 127.0.0.1:{port}" in done.stdout
+        # The local default is open and plaintext, and says so.
+        assert "security: plaintext on loopback (127.0.0.1); unauthenticated" in done.stdout
         pids = json.loads((state / "rack.json").read_text())["pids"]
         assert set(pids) == {"ray-head", "node-agent-0", "orchestrator"}
 

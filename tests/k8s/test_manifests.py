@@ -17,6 +17,11 @@ from tests.k8s.conftest import OVERLAYS, Obj, env_of, find, is_rdurack, workload
 SCHEMA_VERSIONS = ("1.32.0", "1.37.0")
 OTEL = "http://jaeger:4317"
 NEEDS_GRPC_PROBES = {"orchestrator", "node-agent"}  # they serve grpc.health.v1
+ROOT = Path(__file__).resolve().parents[2]
+# Secrets the pods mount, created out of band (Makefile k8s-secrets), and their keys:
+# the file names `rdu certs` writes and the tokens file.
+SECRETS = {"rdurack-tls": {"ca.crt", "tls.crt", "tls.key"}, "rdurack-tokens": {"tokens.yaml"}}
+TLS_ENV = {"RDURACK_TLS_CA": "ca.crt", "RDURACK_TLS_CERT": "tls.crt", "RDURACK_TLS_KEY": "tls.key"}
 
 
 def component(obj: Obj) -> str:
@@ -135,16 +140,23 @@ def test_every_pod_is_hardened_and_bounded(rendered: dict[str, list[Obj]], overl
             assert volumes[mounts["/dev/shm"]]["emptyDir"]["medium"] == "Memory", where
             if component(w) in NEEDS_GRPC_PROBES:
                 port = env_of(c)
+                # The probes ask the plaintext health port (they present no client
+                # certificate, and the API port is TLS), never the API port itself.
                 for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
                     assert "grpc" in c[kind], f"{where} {kind}"
-                served = {p["containerPort"] for p in c["ports"] if p["name"] == "grpc"}
-                assert {c[k]["grpc"]["port"] for k in ("readinessProbe", "livenessProbe")} == served
+                named = {p["name"]: p["containerPort"] for p in c["ports"]}
+                probed = {
+                    c[k]["grpc"]["port"]
+                    for k in ("startupProbe", "readinessProbe", "livenessProbe")
+                }
+                assert probed == {named["health"]} != {named["grpc"]}, where
+                assert int(port["RDURACK_HEALTH_PORT"]["value"]) == named["health"], where
                 key = (
                     "RDURACK_AGENT_PORT"
                     if component(w) == "node-agent"
                     else "RDURACK_ORCHESTRATOR_PORT"
                 )
-                assert {int(port[key]["value"])} == served, where
+                assert int(port[key]["value"]) == named["grpc"], where
             else:
                 assert c["livenessProbe"]["tcpSocket"]["port"] == "gcs", where
 
@@ -243,3 +255,43 @@ def test_network_policy_exposes_only_the_orchestrator(
     ]
     assert sources == [{"orchestrator"}, {"node-agent", "ray-head"}]
     assert agent_rules[0]["ports"] == [{"protocol": "TCP", "port": 50061}]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_tls_and_tokens_come_from_the_secrets(rendered: dict[str, list[Obj]], overlay: str) -> None:
+    """Every rdurack process but the Ray head reads its certificate files from the
+    mounted Secret rdurack-tls, by the key names `rdu certs` writes; the orchestrator
+    reads its tokens file from rdurack-tokens. No Secret is in the manifests (none is
+    committed): each is mounted required, so a pod without it does not start open."""
+    docs = rendered[overlay]
+    assert not [d for d in docs if d["kind"] == "Secret"]
+    checked = set()
+    for w in workloads(docs):
+        if component(w) == "ray-head":
+            continue
+        spec = w["spec"]["template"]["spec"]
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        for c in spec["containers"]:
+            if not is_rdurack(c):
+                continue
+            env = env_of(c)
+            wanted = dict(TLS_ENV)
+            if component(w) == "orchestrator":
+                wanted["RDURACK_TOKENS"] = "tokens.yaml"
+            for var, key in wanted.items():
+                path = Path(env[var]["value"])
+                assert path.name == key, (component(w), var)
+                mount = next(m for m in c["volumeMounts"] if m["mountPath"] == str(path.parent))
+                assert mount.get("readOnly") is True
+                secret = volumes[mount["name"]]["secret"]
+                assert key in SECRETS[secret["secretName"]] and not secret.get("optional")
+                assert secret["defaultMode"] & 0o007 == 0, "world-readable key"
+                checked.add((component(w), secret["secretName"]))
+    assert checked == {
+        ("orchestrator", "rdurack-tls"),
+        ("orchestrator", "rdurack-tokens"),
+        ("node-agent", "rdurack-tls"),
+    }
+    makefile = (ROOT / "Makefile").read_text()
+    for name in SECRETS:  # the documented way to create them names them alike
+        assert f"create secret generic {name}" in makefile

@@ -8,7 +8,9 @@ node agent and the orchestrator until their gRPC health reports SERVING.
 What changes from a pod, and nothing else:
 - the downward API: status.podIP is 127.0.0.1 and the pod-index label is "0";
 - Service DNS names become 127.0.0.1, with free ports instead of 6379/50061/50051;
-- the ConfigMap mount and the state dir are directories under tmp_path;
+- the ConfigMap mount and the state dir are directories under tmp_path, and so are the
+  Secret mounts, filled as `make k8s-secrets` fills the Secrets: `rdu certs` output and
+  a tokens file;
 - Ray's temp root (RAY_TMPDIR) is a fresh short directory, removed afterwards: `ray start`
   records its cluster in TMP/ray/ray_current_cluster, and a stale record under /tmp
   would make every later `ray.init()` on this machine try to join a dead cluster (in a
@@ -47,14 +49,20 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from rdurack.security import certs
+from rdurack.security.auth import digest
+from rdurack.security.tls import DEFAULT_RACK_IDENTITY
 from tests.k8s.conftest import Obj, env_of, find, is_rdurack, render
 
 pytestmark = pytest.mark.integration
 
 DEADLINE_S = 150.0
 SPEC_DIR = "/etc/rdurack"
+TLS_DIR = "/etc/rdurack-tls"
+TOKENS_DIR = "/etc/rdurack-tokens"
 STATE_DIR = "/var/lib/rdurack/state"
 CHECKPOINTS = "/var/lib/rdurack/checkpoints"
+TOKEN = "smoke-test-admin-token"
 
 
 # `ray start` on a worker node (no --head) waits for SIGTERM; anything else is real Ray.
@@ -79,8 +87,11 @@ class Localizer:
 
     def __init__(self, tmp: Path, ray_tmp: Path) -> None:
         self.ray_tmp = ray_tmp
-        self.ports = {6379: free_port(), 50061: free_port(), 50051: free_port()}
+        self.ports = {p: free_port() for p in (6379, 50061, 50062, 50051, 50052)}
         self.paths = {
+            # Longest first: /etc/rdurack is a prefix of the Secrets' mount paths.
+            TLS_DIR: tmp / "etc-rdurack-tls",
+            TOKENS_DIR: tmp / "etc-rdurack-tokens",
             SPEC_DIR: tmp / "etc-rdurack",
             STATE_DIR: tmp / "state",
             CHECKPOINTS: tmp / "checkpoints",
@@ -92,7 +103,7 @@ class Localizer:
         ray.chmod(0o755)
 
     def text(self, value: str) -> str:
-        ray, agent, orch = self.ports[6379], self.ports[50061], self.ports[50051]
+        ray, agent = self.ports[6379], self.ports[50061]
         value = value.replace("rdurack-ray-head:6379", f"127.0.0.1:{ray}")
         value = re.sub(
             r"rdurack-node-agent-0\.rdurack-node-agent:50061", f"127.0.0.1:{agent}", value
@@ -100,7 +111,7 @@ class Localizer:
         value = value.replace("--port=6379", f"--port={ray}")
         for pod_path, local in self.paths.items():
             value = value.replace(pod_path, str(local))
-        return {"50061": str(agent), "50051": str(orch)}.get(value, value)
+        return {str(p): str(local) for p, local in self.ports.items()}.get(value, value)
 
     def env(self, container: Obj) -> dict[str, str]:
         path = os.pathsep.join([str(self.shims), str(Path(sys.executable).parent)])
@@ -169,6 +180,29 @@ def stop(procs: list[subprocess.Popen[bytes]]) -> list[int | None]:
     return codes
 
 
+def api_is_secured(local: Localizer) -> None:
+    """The orchestrator's API as a client outside the cluster sees it: plaintext fails,
+    TLS without a token is UNAUTHENTICATED, TLS with the token lists the rack; and it
+    reached the node agent over mutual TLS (the rack shows its sockets)."""
+    from rdurack.security.tls import TlsConfig
+    from rdurack.services.grpc_server import channel
+    from rdurack.v1 import rack_pb2, rack_pb2_grpc
+
+    address = f"127.0.0.1:{local.ports[50051]}"
+    request = rack_pb2.GetRackRequest()
+    with grpc.insecure_channel(address) as ch, pytest.raises(grpc.RpcError) as plain:
+        rack_pb2_grpc.RackServiceStub(ch).GetRack(request, timeout=5)
+    assert plain.value.code() == grpc.StatusCode.UNAVAILABLE
+    tls = TlsConfig(ca_file=local.paths[TLS_DIR] / certs.CA_FILE)
+    with channel(address, tls=tls) as ch, pytest.raises(grpc.RpcError) as anonymous:
+        rack_pb2_grpc.RackServiceStub(ch).GetRack(request, timeout=5)
+    assert anonymous.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    with channel(address, tls=tls, token=TOKEN) as ch:
+        rack = rack_pb2_grpc.RackServiceStub(ch).GetRack(request, timeout=10).rack
+    assert [n.healthy for n in rack.nodes] == [True]
+    assert len(rack.nodes[0].sockets) == 2
+
+
 @pytest.fixture
 def ray_tmp() -> Iterator[Path]:
     # Short: Ray's unix sockets live under it, and socket paths are limited to 107 bytes.
@@ -185,6 +219,11 @@ def test_dev_overlay_containers_serve_as_local_processes(tmp_path: Path, ray_tmp
     spec = find(docs, "ConfigMap", "rdurack-spec")["data"]
     for key, text in spec.items():  # the ConfigMap volume, as files
         (local.paths[SPEC_DIR] / key).write_text(text)
+    # The Secrets' volumes, as `make k8s-secrets` fills them.
+    certs.write_rack_set(local.paths[TLS_DIR], DEFAULT_RACK_IDENTITY)
+    (local.paths[TOKENS_DIR] / "tokens.yaml").write_text(
+        f"tenants: {{ops: {{admin: true}}}}\ntokens: [{{sha256: {digest(TOKEN)}, tenant: ops}}]\n"
+    )
 
     def container(kind: str, name: str) -> Obj:
         (c,) = find(docs, kind, name)["spec"]["template"]["spec"]["containers"]
@@ -192,10 +231,11 @@ def test_dev_overlay_containers_serve_as_local_processes(tmp_path: Path, ray_tmp
         found: Obj = c
         return found
 
+    # The kubelet asks the plaintext health ports; the API ports are TLS.
     order = [
         ("ray-head", container("Deployment", "rdurack-ray-head"), 6379, wait_tcp),
-        ("node-agent", container("StatefulSet", "rdurack-node-agent"), 50061, wait_serving),
-        ("orchestrator", container("Deployment", "rdurack-orchestrator"), 50051, wait_serving),
+        ("node-agent", container("StatefulSet", "rdurack-node-agent"), 50062, wait_serving),
+        ("orchestrator", container("Deployment", "rdurack-orchestrator"), 50052, wait_serving),
     ]
     procs: list[subprocess.Popen[bytes]] = []
     try:
@@ -221,6 +261,7 @@ def test_dev_overlay_containers_serve_as_local_processes(tmp_path: Path, ray_tmp
             wait(port, proc, log, deadline)
         assert "node-agent 0 ready" in (tmp_path / "node-agent.log").read_text()
         assert (local.paths[STATE_DIR] / "jobs.sqlite").exists()
+        api_is_secured(local)
     finally:
         codes = stop(procs)
     # Each one stopped on SIGTERM, as a pod must on deletion; ours cleanly. (`ray start

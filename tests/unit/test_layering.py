@@ -24,6 +24,16 @@ PURE = {
     "workloads": FORBIDDEN,
     # The core; services/ implements its gateway to node agents.
     "orchestrator": tuple(f for f in FORBIDDEN if f != "rdurack.orchestrator"),
+    # Below both servers' packages, which use it: gRPC and the hardware model's errors
+    # and config base only.
+    "security": (
+        "ray",
+        "rdurack.v1",
+        "rdurack.services",
+        "rdurack.node_agent",
+        "rdurack.orchestrator",
+        "rdurack.workloads",
+    ),
 }
 
 
