@@ -218,7 +218,7 @@ def up(
     nodes: int = 2,
     sockets_per_node: int = 8,
     port: int = 50051,
-    timeout_s: float = 60,
+    timeout_s: float = 120,
     host: str = "127.0.0.1",
     on_ready: Callable[[str, str], None] | None = None,
     tls: bool = False,
