@@ -20,7 +20,7 @@ from rdurack.rack.errors import RdurackError, UnknownName
 from rdurack.rack.kernels import FusionPlan, Phase
 from rdurack.rack.models import ModelSpec, builtin_models
 from rdurack.rack.whatif import load_platform
-from rdurack.services import cli_coe, cli_rack, cli_trace, cli_train  # noqa: F401  (commands)
+from rdurack.services import cli_coe, cli_fault, cli_rack, cli_trace, cli_train  # noqa: F401
 from rdurack.services.cli_app import JsonOpt, SpecOpt, app, emit
 from rdurack.workloads.paper import Figure, PaperStudy, to_markdown
 from rdurack.workloads.predictor import (

@@ -66,6 +66,8 @@ USER_ERRORS = frozenset(
         grpc.StatusCode.NOT_FOUND,
         grpc.StatusCode.RESOURCE_EXHAUSTED,
         grpc.StatusCode.FAILED_PRECONDITION,
+        grpc.StatusCode.UNAUTHENTICATED,  # no or a wrong token (rdu fault)
+        grpc.StatusCode.PERMISSION_DENIED,
     }
 )
 
@@ -114,6 +116,9 @@ def up_cmd(
     state_dir: StateDirOpt = Path(".state"),
     port: Annotated[int, typer.Option(min=0, max=65535, help="orchestrator port")] = 50051,
     timeout: Annotated[float, typer.Option(min=1, help="seconds to wait for readiness")] = 60,
+    time_scale: Annotated[
+        float, typer.Option(min=0, help="pacing: wall s per emulated s (0: no pacing)")
+    ] = 0.0,
 ) -> None:
     """Start local Ray, the node agents and the orchestrator; return once all serve."""
     from rdurack.services import local_rack
@@ -125,6 +130,7 @@ def up_cmd(
         port,
         timeout,
         on_ready=lambda name, address: print(f"{name:<14} ready at {address}", flush=True),
+        time_scale=time_scale,
     )
     print(
         f"rack up: {nodes} x {sockets_per_node} sockets; orchestrator at {rack.orchestrator}; "

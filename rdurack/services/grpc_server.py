@@ -134,8 +134,14 @@ class Server:
         self.server.wait_for_termination()
 
 
-def channel(address: str, tracer_provider: trace.TracerProvider | None = None) -> grpc.Channel:
-    """A channel whose calls carry the caller's trace context (and get CLIENT spans)."""
+def channel(
+    address: str,
+    tracer_provider: trace.TracerProvider | None = None,
+    options: Sequence[tuple[str, Any]] = (),
+) -> grpc.Channel:
+    """A channel whose calls carry the caller's trace context (and get CLIENT spans);
+    `options`: channel arguments beyond the message-size limits."""
     return grpc.intercept_channel(
-        grpc.insecure_channel(address, options=OPTIONS), ClientTracing(tracer_provider)
+        grpc.insecure_channel(address, options=[*OPTIONS, *options]),
+        ClientTracing(tracer_provider),
     )

@@ -12,6 +12,12 @@ stderr to `STATE_DIR/logs/<name>.log` (a file, not a pipe: the processes outlive
 only while it is the same process (same start time, "rdurack" in its command line).
 Every process gets `RDURACK_TRACE_DIR=STATE_DIR/traces` (unless the environment sets
 it; empty turns trace files off), so `rdu trace` and `rdu plot` find each job's spans.
+
+`up` also writes an admin token to `STATE_DIR/admin.token` (0600) and serves the
+orchestrator's AdminService to it, so `rdu fault ...` works on the local rack.
+`restart_agent` is the local rack's supervisor: it starts a node agent that died (a
+KILL_AGENT fault) again, with the same arguments and port, so the orchestrator finds it
+at the address it knows.
 """
 
 from __future__ import annotations
@@ -31,12 +37,14 @@ import psutil
 
 from rdurack import RAY_ENVIRONMENT
 from rdurack.rack.errors import RdurackError
+from rdurack.services.admin_token import write_token
 from rdurack.telemetry.file_export import TRACE_DIR_ENV
 
 DEFAULT_PLATFORM = "sn40l-rack16"
 DEFAULT_SHAPE = (2, 8)  # nodes, sockets per node of sn40l-rack16
 RACK_FILE = "rack.json"
 SPEC_FILE = "platform.yaml"
+TOKEN_FILE = "admin.token"  # STATE_DIR/admin.token: the AdminService token (0600)
 TRACES_DIR = "traces"  # STATE_DIR/traces: the processes' trace files (telemetry/file_export.py)
 STOP_WAIT_S = 15.0
 TAIL_LINES = 15
@@ -58,10 +66,15 @@ class RackProcesses:
     pids: dict[str, int] = field(default_factory=dict)
     addresses: dict[str, str] = field(default_factory=dict)
     started_s: dict[str, float] = field(default_factory=dict)  # psutil create_time
+    args: dict[str, list[str]] = field(default_factory=dict)  # module arguments, by name
 
     @property
     def orchestrator(self) -> str:
         return self.addresses["orchestrator"]
+
+    @property
+    def token_file(self) -> Path:
+        return self.state_dir / TOKEN_FILE
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -71,14 +84,12 @@ class RackProcesses:
             "pids": self.pids,
             "addresses": self.addresses,
             "started_s": self.started_s,
+            "args": self.args,
             "logs": str(self.state_dir / "logs"),
         }
 
     def save(self) -> None:
-        path = self.state_dir / RACK_FILE
-        tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
-        tmp.replace(path)  # atomic: `down` never reads half a file
+        _write(self.state_dir, self.to_dict())
 
 
 # ------------------------------------------------------------------ starting
@@ -182,15 +193,19 @@ def up(
     timeout_s: float = 60,
     host: str = "127.0.0.1",
     on_ready: Callable[[str, str], None] | None = None,
+    time_scale: float = 0.0,
 ) -> RackProcesses:
     """Start the Ray head, `nodes` node agents and the orchestrator; return when all
     serve. On failure, stop what was started and raise an RdurackError naming the
     process that failed, with the end of its log. `on_ready(name, address)` is called as
-    each becomes ready."""
+    each becomes ready. `time_scale`: the sockets' pacing, wall s per emulated s (0:
+    as fast as the machine allows)."""
     if nodes < 1 or sockets_per_node < 1:
         raise RdurackError("--nodes and --sockets-per-node must be at least 1")
     if not 0 <= port <= 65535:
         raise RdurackError(f"--port {port}: not a TCP port (0..65535)")
+    if not time_scale >= 0:
+        raise RdurackError(f"--time-scale {time_scale}: must be >= 0")
     state_dir.mkdir(parents=True, exist_ok=True)
     if live := live_pids(state_dir):
         names = ", ".join(f"{n} (pid {p})" for n, p in live.items())
@@ -209,8 +224,9 @@ def up(
     deadline = time.monotonic() + timeout_s
     procs: dict[str, subprocess.Popen[bytes]] = {}
 
-    def started(name: str, proc: subprocess.Popen[bytes]) -> None:
+    def started(name: str, proc: subprocess.Popen[bytes], args: list[str]) -> None:
         procs[name] = proc
+        rack.args[name] = args
         rack.pids[name] = proc.pid
         with contextlib.suppress(psutil.Error):
             rack.started_s[name] = psutil.Process(proc.pid).create_time()
@@ -224,21 +240,26 @@ def up(
         rack.save()
 
     try:
-        started("ray-head", _spawn("ray-head", "rdurack.services.ray_head", [], logs))
+        started("ray-head", _spawn("ray-head", "rdurack.services.ray_head", [], logs), [])
         ready(_await_ready({"ray-head": (procs["ray-head"], "ray-head")}, logs, deadline))
         agents: dict[str, tuple[subprocess.Popen[bytes], str]] = {}
         for i in range(nodes):
             name = f"node-agent-{i}"
             args = ["--node-index", str(i), "--ray-address", rack.addresses["ray-head"]]
             args += ["--host", host, "--port", "0", "--platform", DEFAULT_PLATFORM, *spec]
-            started(name, _spawn(name, "rdurack.services.node_agent_main", args, logs))
+            args += ["--time-scale", f"{time_scale:g}"]
+            started(name, _spawn(name, "rdurack.services.node_agent_main", args, logs), args)
             agents[name] = (procs[name], f"node-agent {i}")
         ready(_await_ready(agents, logs, deadline))
         args = ["--host", host, "--port", str(port), "--state-dir", str(state_dir.resolve())]
         args += ["--platform", DEFAULT_PLATFORM, *spec]
         args += ["--agents", ",".join(rack.addresses[n] for n in agents)]
+        write_token(rack.token_file)
+        args += ["--admin-token-file", str(rack.token_file.resolve())]
         started(
-            "orchestrator", _spawn("orchestrator", "rdurack.services.orchestrator_main", args, logs)
+            "orchestrator",
+            _spawn("orchestrator", "rdurack.services.orchestrator_main", args, logs),
+            args,
         )
         ready(
             _await_ready({"orchestrator": (procs["orchestrator"], "orchestrator")}, logs, deadline)
@@ -247,6 +268,55 @@ def up(
         down(state_dir)
         raise
     return rack
+
+
+def restart_agent(state_dir: Path, node: int, timeout_s: float = 60) -> str:
+    """Start node agent `node` of the rack `up` recorded again, with its arguments and at
+    the address it served (the orchestrator reconnects there), if it is not running;
+    its address. Its previous log is kept as `node-agent-N.previous.log`."""
+    record = _read(state_dir)
+    if record is None:
+        raise RdurackError(f"no rack is up in {state_dir} (no {RACK_FILE})")
+    name = f"node-agent-{node}"
+    args = record.get("args", {}).get(name)
+    address = record.get("addresses", {}).get(name)
+    if not isinstance(args, list) or not isinstance(address, str):
+        raise RdurackError(f"{state_dir / RACK_FILE} has no {name} to restart")
+    if name in live_pids(state_dir):
+        return address
+    port = address.rsplit(":", 1)[1]
+    args = [*args[: args.index("--port") + 1], port, *args[args.index("--port") + 2 :]]
+    logs = state_dir / "logs"
+    log = logs / f"{name}.log"
+    if log.exists():
+        log.replace(logs / f"{name}.previous.log")
+    proc = _spawn(name, "rdurack.services.node_agent_main", args, logs)
+    record["pids"][name] = proc.pid
+    with contextlib.suppress(psutil.Error):
+        record.setdefault("started_s", {})[name] = psutil.Process(proc.pid).create_time()
+    _write(state_dir, record)
+    found = _await_ready({name: (proc, f"node-agent {node}")}, logs, time.monotonic() + timeout_s)
+    return found[name]
+
+
+def restart_dead_agents(state_dir: Path, timeout_s: float = 60) -> list[str]:
+    """Start again every node agent of the rack in `state_dir` that is not running (the
+    local rack's supervisor); their names. No rack there: none."""
+    record = _read(state_dir)
+    if record is None:
+        return []
+    live = live_pids(state_dir)
+    dead = [n for n in record["pids"] if n.startswith("node-agent-") and n not in live]
+    for name in dead:
+        restart_agent(state_dir, int(name.rsplit("-", 1)[1]), timeout_s)
+    return dead
+
+
+def _write(state_dir: Path, record: dict[str, Any]) -> None:
+    path = state_dir / RACK_FILE
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(record, indent=2) + "\n")
+    tmp.replace(path)  # atomic: `down` never reads half a file
 
 
 # ------------------------------------------------------------------ stopping

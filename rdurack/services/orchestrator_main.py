@@ -14,6 +14,9 @@ Settings come from flags, else the environment:
                                              STATE_DIR/checkpoints)
     --metrics-port RDURACK_METRICS_PORT      serve rack metrics for Prometheus at
                                              http://HOST:PORT/metrics (default: off)
+    --admin-token-file RDURACK_ADMIN_TOKEN_FILE  serve AdminService (fault injection) to
+                                             calls presenting the token in this file
+                                             (default: AdminService is not served)
 
 It prints one line `orchestrator ready at <host:port>` once it serves.
 """
@@ -26,11 +29,15 @@ import os
 import sys
 from pathlib import Path
 
+from rdurack.orchestrator.fault_injector import FaultInjector
 from rdurack.orchestrator.orchestrator import Orchestrator
 from rdurack.orchestrator.store import JobStore
 from rdurack.rack.errors import RdurackError
 from rdurack.rack.whatif import load_platform
 from rdurack.services import rack_metrics
+from rdurack.services.admin_service import SERVICE as ADMIN_SERVICE
+from rdurack.services.admin_service import AdminService
+from rdurack.services.admin_token import admin_token_authorizer, read_token
 from rdurack.services.gateway import GrpcNodeGateway
 from rdurack.services.grpc_server import Server
 from rdurack.services.job_service import JOB_SERVICE, RACK_SERVICE, JobService, RackService
@@ -58,6 +65,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         "--recovery", choices=("retry", "fail"), default=env("RDURACK_RECOVERY", "retry")
     )
     p.add_argument(
+        "--admin-token-file",
+        type=Path,
+        default=Path(t) if (t := env("RDURACK_ADMIN_TOKEN_FILE")) else None,
+    )
+    p.add_argument(
         "--metrics-port",
         type=int,
         default=int(m) if (m := env("RDURACK_METRICS_PORT")) else None,
@@ -76,23 +88,28 @@ def main(argv: list[str] | None = None) -> int:
                 f"--agents: {platform.name} has {platform.nodes} nodes; got {len(agents)} "
                 "agent addresses"
             )
+        token = read_token(args.admin_token_file) if args.admin_token_file else None
         store = JobStore(args.state_dir / "jobs.sqlite")
     except (RdurackError, ValueError) as e:
         print(f"orchestrator: {e}", file=sys.stderr)
         return 2
     setup.configure("rdurack-orchestrator")
-    gateway = GrpcNodeGateway(agents)
+    gateway = GrpcNodeGateway(agents, platform=platform)
     checkpoints = args.checkpoint_dir or args.state_dir / "checkpoints"
     orchestrator = Orchestrator(
         store, gateway, platform, recovery=args.recovery, checkpoint_dir=checkpoints.resolve()
     )
     recovered = orchestrator.start()
+    services = [
+        (JOB_SERVICE, JobService(orchestrator).add_to),
+        (RACK_SERVICE, RackService(orchestrator).add_to),
+    ]
+    if token is not None:
+        faults = FaultInjector(gateway, platform)
+        services.append((ADMIN_SERVICE, AdminService(faults, admin_token_authorizer(token)).add_to))
     try:
         server = Server(
-            [
-                (JOB_SERVICE, JobService(orchestrator).add_to),
-                (RACK_SERVICE, RackService(orchestrator).add_to),
-            ],
+            services,
             host=args.host,
             port=args.port,
         )

@@ -22,6 +22,10 @@ SPAN_COE_BATCH = "coe.batch"  # the orchestrator serving one batch on one replic
 SPAN_TRAIN = "rdu.train"  # a segment of training steps of one DDP rank (emulated timeline)
 SPAN_NODE_TRAIN = "node_agent.train"  # a node agent driving its ranks' segment
 
+# RPCs that get no span: the health watcher's heartbeats (several a second, forever)
+# would bury the traces of jobs.
+UNTRACED_METHODS = frozenset({"/rdurack.v1.NodeAgentService/Heartbeat"})
+
 # Instrumentation scope names (the tracer's name).
 TRACER_ORCHESTRATOR = "rdurack.orchestrator"
 TRACER_NODE_AGENT = "rdurack.node_agent"
