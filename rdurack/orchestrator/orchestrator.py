@@ -365,6 +365,7 @@ class Orchestrator:
             self.store.transition(job.id, JobState.SCHEDULED, sockets=tuple(sockets))
             with self._runs_lock:
                 self._runs[job.id] = _Run(job.id, tuple(sockets), time.monotonic())
+            self._not_before.pop(job.id, None)
         except (SocketBusy, LinkFailure, IllegalTransition) as e:
             for node, ids in held:
                 self._release(node, job.id, ids)

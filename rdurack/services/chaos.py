@@ -66,6 +66,9 @@ KINDS = (
 LASTS_S = (3.0, 10.0)
 DETECT_WAIT_S = 15.0  # how long the run looks for a killed target to show down
 AGENT_BACK_S = 60.0  # how long a restarted agent may take to show healthy
+HEAL_RESERVE_S = 15.0  # kept after the fault window to heal everything
+STOP_RESERVE_S = 20.0  # kept at the end to stop the rack's processes
+STOP_WAIT_S = 8.0  # per process, after SIGTERM, before SIGKILL
 
 
 class ChaosConfig(Config):
@@ -75,7 +78,7 @@ class ChaosConfig(Config):
     sockets_per_node: int = Field(default=4, ge=2, le=8)
     faults: int | None = Field(default=None, ge=0)  # None: one per 8 s of the window
     submit_every_s: float = Field(default=1.5, gt=0)
-    settle_s: float = Field(default=60.0, gt=0)  # kept for jobs to finish after healing
+    settle_s: float = Field(default=45.0, gt=0)  # kept for jobs to finish after healing
     # Pacing of the sockets (wall s per emulated s): kernel and CoE jobs then take
     # seconds of wall time, so faults hit them while they run.
     time_scale: float = Field(default=10.0, ge=0)
@@ -209,7 +212,9 @@ class ChaosReport:
         return bool(self.audited) and not self.lost and not self.hanging
 
     def lines(self) -> list[str]:
-        out = [f"chaos: seed {self.seed}, {self.window_s:.0f} s of faults, {self.wall_s:.0f} s"]
+        out = [
+            f"chaos: seed {self.seed}, {self.window_s:.0f} s of faults, {self.wall_s:.0f} s in all"
+        ]
         for f in self.faults:
             line = f"  +{f.at_s:5.1f} s  {f.fault}"
             line += f" ({f.id})" if f.id else f": skipped: {f.skipped}"
@@ -273,7 +278,7 @@ class ChaosRun:
         """The workload and the faults until the window ends, then heal, settle and
         audit; everything ends by `deadline` (monotonic s)."""
         began = time.monotonic()
-        window = max(5.0, deadline - began - self.config.settle_s - 10.0)
+        window = max(5.0, deadline - began - self.config.settle_s - HEAL_RESERVE_S)
         count = self.config.faults if self.config.faults is not None else max(1, int(window / 8))
         faults = plan(
             self.config.seed, self.config.nodes, self.config.sockets_per_node, window, count
@@ -285,11 +290,15 @@ class ChaosRun:
         submitter = threading.Thread(target=self._submit, args=(began + window,), daemon=True)
         submitter.start()
         try:
-            report.faults = self._inject(faults, began)
+            report.faults = self._inject(faults, began, deadline)
         finally:
             self._stop.set()
             submitter.join(timeout=RPC_TIMEOUT_S * 2)
-        self._heal_all()
+        try:
+            self._heal_all(deadline)
+        except (grpc.RpcError, RdurackError) as e:  # the jobs still tell what happened
+            why = e.details() if isinstance(e, grpc.Call) else str(e)
+            self.say(f"the rack could not be healed before the deadline: {why}")
         report.submitted = len(self._ids)
         report.refused = list(self._refused)
         self._settle(deadline)
@@ -335,7 +344,9 @@ class ChaosRun:
 
     # ------------------------------------------------------------------ the faults
 
-    def _inject(self, faults: list[PlannedFault], began: float) -> list[FaultRecord]:
+    def _inject(
+        self, faults: list[PlannedFault], began: float, deadline: float
+    ) -> list[FaultRecord]:
         """Inject and heal the plan's faults at their instants, one at a time."""
         events = sorted(
             [(f.at_s, 0, i) for i, f in enumerate(faults)]
@@ -345,7 +356,7 @@ class ChaosRun:
         for at, heal, i in events:
             self._sleep_until(began + at)
             if heal:
-                records[i].healed = self._heal(faults[i], records[i])
+                records[i].healed = self._heal(faults[i], records[i], deadline)
             else:
                 self._one(faults[i], records[i], began)
         return records
@@ -392,13 +403,14 @@ class ChaosRun:
             time.sleep(0.1)
         return None
 
-    def _heal(self, f: PlannedFault, record: FaultRecord) -> str:
+    def _heal(self, f: PlannedFault, record: FaultRecord, deadline: float) -> str:
         if not record.id:
             return ""
         try:
             if f.kind is FaultKind.KILL_AGENT:
-                local_rack.restart_agent(self.rack.state_dir, f.nodes[0])
-                wait_healthy(self._channel, [f.nodes[0]], AGENT_BACK_S)
+                left = _left(deadline)
+                local_rack.restart_agent(self.rack.state_dir, f.nodes[0], left)
+                wait_healthy(self._channel, [f.nodes[0]], _left(deadline))
                 return "agent restarted"
             reply = self._admin.heal(record.id)
             restarted = f", restarted {', '.join(reply.restarted_socket_ids)}"
@@ -407,13 +419,13 @@ class ChaosRun:
             why = e.details() if isinstance(e, grpc.Call) else str(e)
             return f"heal failed: {why}"
 
-    def _heal_all(self) -> None:
+    def _heal_all(self, deadline: float) -> None:
         """Restart dead agents, end every fault, wait for a healthy rack."""
-        restarted = local_rack.restart_dead_agents(self.rack.state_dir)
+        restarted = local_rack.restart_dead_agents(self.rack.state_dir, _left(deadline))
         nodes = [int(n.rsplit("-", 1)[1]) for n in restarted]
-        wait_healthy(self._channel, nodes, AGENT_BACK_S)
+        wait_healthy(self._channel, nodes, _left(deadline))
         reply = self._admin.heal()
-        wait_healthy(self._channel, list(range(self.config.nodes)), AGENT_BACK_S)
+        wait_healthy(self._channel, list(range(self.config.nodes)), _left(deadline))
         left = self._admin.faults()
         self.say(
             f"healed: {len(reply.healed)} fault(s) still in force ended, "
@@ -473,6 +485,11 @@ class ChaosRun:
             time.sleep(min(left, 0.2))
 
 
+def _left(deadline: float) -> float:
+    """Wall seconds to `deadline` (monotonic), at most AGENT_BACK_S, at least 1."""
+    return max(1.0, min(AGENT_BACK_S, deadline - time.monotonic()))
+
+
 def _short(error: str) -> str:
     return " ".join(error.split())[:200] or "(no reason recorded)"
 
@@ -480,7 +497,7 @@ def _short(error: str) -> str:
 def run(config: ChaosConfig, state_dir: Path, say: Callable[[str], None] = print) -> ChaosReport:
     """Bring a local rack up in `state_dir`, run the chaos, take the rack down."""
     began = time.monotonic()
-    deadline = began + config.duration_s
+    deadline = began + config.duration_s  # the whole run, bring-up and stop included
     say(f"rdu up: {config.nodes} nodes x {config.sockets_per_node} sockets in {state_dir}")
     for old in state_dir.glob("jobs.sqlite*"):  # the audit counts this run's jobs only
         old.unlink()
@@ -492,16 +509,19 @@ def run(config: ChaosConfig, state_dir: Path, say: Callable[[str], None] = print
         timeout_s=config.duration_s,
         time_scale=config.time_scale,
     )
+    say(f"rack up in {time.monotonic() - began:.0f} s")
     try:
         rack = Rack(procs.orchestrator, read_token(procs.token_file), state_dir)
         chaos = ChaosRun(rack, config, say)
         try:
-            return chaos.run(deadline)
+            report = chaos.run(deadline - STOP_RESERVE_S)
         finally:
             chaos.close()
     finally:
-        for line in local_rack.down(state_dir):
+        for line in local_rack.down(state_dir, wait_s=STOP_WAIT_S):
             say(f"  {line}")
+    report.wall_s = time.monotonic() - began  # bring-up and stop included
+    return report
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:

@@ -599,6 +599,10 @@ def _rack_dict(rack: rack_pb2.RackStatus) -> dict[str, Any]:
                     "node": s.ref.node_index,
                     "socket": s.ref.socket_index,
                     "health": rack_pb2.SocketHealth.Name(s.health).removeprefix("SOCKET_HEALTH_"),
+                    "health_reason": s.health_reason or None,
+                    "health_since_s": _seconds_of(s, "health_since"),
+                    "slowdown": s.slowdown or 1.0,
+                    "incarnation": s.incarnation,
                     "job": s.current_job_id or None,
                     "emulated_clock_ns": s.emulated_clock_ns,
                     "link_address": s.link_address,
@@ -615,11 +619,24 @@ def _rack_dict(rack: rack_pb2.RackStatus) -> dict[str, Any]:
     return {
         "platform": rack.platform,
         "nodes": [
-            {"index": n.index, "agent_address": n.agent_address, "healthy": n.healthy}
+            {
+                "index": n.index,
+                "agent_address": n.agent_address,
+                "healthy": n.healthy,
+                "health_reason": n.health_reason or None,
+                "health_since_s": _seconds_of(n, "health_since"),
+            }
             for n in rack.nodes
         ],
         "sockets": sockets,
     }
+
+
+def _seconds_of(msg: rack_pb2.SocketStatus | rack_pb2.NodeStatus, field: str) -> float | None:
+    """A Timestamp field as wall-clock seconds (Unix time), None when unset."""
+    if not msg.HasField(field):  # type: ignore[arg-type]
+        return None
+    return float(getattr(msg, field).ToNanoseconds() * 1e-9)
 
 
 @app.command("status")
@@ -656,9 +673,15 @@ def status_cmd(address: AddressOpt = DEFAULT_ADDRESS, as_json: JsonOpt = False) 
             _size(s["tiers"].get("sram", empty)["used_bytes"]),
         )
     Console().print(table)
-    down_nodes = [n["index"] for n in data["nodes"] if not n["healthy"]]
-    if down_nodes:
-        Console(stderr=True).print(f"[red]nodes not answering: {down_nodes}[/]")
+    err = Console(stderr=True)
+    for n in data["nodes"]:
+        if not n["healthy"]:
+            err.print(f"[red]node {n['index']}: {n['health_reason'] or 'not healthy'}[/]")
+    for s in data["sockets"]:
+        if s["health"] != "HEALTHY" and s["health_reason"]:
+            err.print(f"[red]{s['id']}: {s['health_reason']}[/]")
+        elif s["slowdown"] != 1.0:
+            err.print(f"[yellow]{s['id']}: {s['slowdown']:g}x slower (injected fault)[/]")
 
 
 # --------------------------------------------------------------------- demo

@@ -10,6 +10,7 @@ Every test heals what it broke, so the next one starts from a healthy rack.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from rdurack.services.chaos import ChaosConfig, ChaosRun, Rack
 from rdurack.services.grpc_server import channel
 from rdurack.v1 import common_pb2, job_pb2, job_pb2_grpc, rack_pb2, rack_pb2_grpc
 from rdurack.workloads.training.checkpoint import latest
+from tests.unit.test_cli import rdu
 
 pytestmark = pytest.mark.integration
 
@@ -130,6 +132,17 @@ def retries(c: Cluster, job_id: str) -> list[str]:
         ]
 
 
+def watcher_saw(c: Cluster, what: str) -> float | None:
+    """Wall-clock time (Unix s) of the orchestrator's health watcher's first log line
+    saying `what` went down, or None: proof that the heartbeat noticed it, not only the
+    agents' answers to GetRack."""
+    for line in (c.state_dir / "logs" / "orchestrator.log").read_text().splitlines():
+        if "rdurack.orchestrator.health" in line and f"health: {what} down" in line:
+            stamp, millis = line[:23].split(",")
+            return time.mktime(time.strptime(stamp, "%Y-%m-%d %H:%M:%S")) + int(millis) / 1e3
+    return None
+
+
 def attempts(c: Cluster, job_id: str) -> int:
     """How many times the job was started, from the job store."""
     with JobStore(c.state_dir / "jobs.sqlite") as store:
@@ -180,10 +193,19 @@ def test_a_killed_socket_is_noticed_its_job_runs_elsewhere_and_heal_restarts_it(
     victim = running(c, job_id).sockets[1].id
     fault = c.admin.kill_socket(victim)
     noticed = until(lambda: socket_status(c, victim).health != HEALTHY, f"{victim} shown down")
-    print(f"\nkill-socket: {victim} shown down in GetRack after {noticed:.2f} s")
+    until(lambda: watcher_saw(c, victim), f"the health watcher notices {victim}")
+    by_heartbeat = (watcher_saw(c, victim) or 0) - fault.injected_time.ToNanoseconds() * 1e-9
+    print(
+        f"\nkill-socket: {victim} shown down in GetRack after {noticed:.2f} s; "
+        f"the health watcher's verdict {by_heartbeat:.2f} s after the kill"
+    )
     status = socket_status(c, victim)
     assert status.health == rack_pb2.SOCKET_HEALTH_FAILED
     assert fault.id in status.health_reason and status.HasField("health_since")
+    shown = rdu("status", "--json", "--address", c.address)  # what a user sees
+    (row,) = [r for r in json.loads(shown.stdout)["sockets"] if r["id"] == victim]
+    assert row["health"] == "FAILED" and fault.id in row["health_reason"]
+    assert row["health_since_s"] == pytest.approx(status.health_since.ToNanoseconds() * 1e-9)
     done = finished(c, job_id)
     assert done.state == SUCCEEDED, done.error_message
     assert victim not in [s.id for s in done.sockets] and attempts(c, job_id) == 2
@@ -217,7 +239,15 @@ def test_a_killed_agent_is_noticed_training_resumes_from_its_checkpoint_and_it_c
     fault = c.admin.kill_agent(node)
     began = time.monotonic()
     until(lambda: not rack(c).nodes[node].healthy, f"node {node} shown down")
-    print(f"\nkill-agent: node {node} shown down in GetRack after {time.monotonic() - began:.2f} s")
+    shown = time.monotonic() - began
+    what = f"node {node}'s agent"
+    until(lambda: watcher_saw(c, what), f"the health watcher notices {what}")
+    by_heartbeat = (watcher_saw(c, what) or 0) - fault.injected_time.ToNanoseconds() * 1e-9
+    print(
+        f"\nkill-agent: node {node} shown down in GetRack after {shown:.2f} s; the health "
+        f"watcher's verdict {by_heartbeat:.2f} s after the kill (0.2 s of it: the agent "
+        "answers before it ends)"
+    )
     down = rack(c).nodes[node]
     assert all(s.health != HEALTHY for s in down.sockets) and down.health_reason
     done = finished(c, job_id, deadline_s=240)
