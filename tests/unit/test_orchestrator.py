@@ -145,15 +145,7 @@ class FakeGateway:
             self.max_running = max(self.max_running, len(set(self.held.values())))
         if node == self.fail_node:
             raise LinkFailure(f"node {node}: link down")
-        deadline = time.monotonic() + 10
-        while not self.gate.wait(timeout=0.01):
-            with self.lock:
-                if job_id in self.aborted:
-                    raise LinkFailure(f"aborted: {self.aborted[job_id]}")
-                dead = self.dead_fails_at_once and set(sockets) & self.dead
-                if dead or node in self.silent:
-                    raise LinkFailure(f"node {node}: a socket actor of {job_id} is dead")
-            assert time.monotonic() < deadline, "the gate stayed closed"
+        self._wait_gate(node, job_id, sockets)
         error = self.fail(job_id)
         if error is not None:
             raise error
@@ -163,10 +155,27 @@ class FakeGateway:
                 self.clock[s] = end
         return [KernelRun(s, start_ns, end, 3 * steps, 1_000 * steps) for s in sockets]
 
+    def _wait_gate(self, node: int, job_id: str, sockets: Sequence[str]) -> None:
+        """Hold a run while the gate is closed; fail it once aborted, or at once on a
+        dead socket (`dead_fails_at_once`) or a silent node."""
+        deadline = time.monotonic() + 10
+        while True:
+            with self.lock:
+                if job_id in self.aborted:
+                    raise LinkFailure(f"aborted: {self.aborted[job_id]}")
+                dead = self.dead_fails_at_once and set(sockets) & self.dead
+                if dead or node in self.silent:
+                    raise LinkFailure(f"node {node}: a socket actor of {job_id} is dead")
+            if self.gate.wait(timeout=0.01):
+                return
+            assert time.monotonic() < deadline, "the gate stayed closed"
+
     def run_program(
         self, node: int, job_id: str, sockets: Sequence[str], ops: Sequence[Op], start_ns: int
     ) -> list[ProgramRun]:
-        """Every socket of a TP group does the same: one predicted socket speaks for it."""
+        """Every socket of a TP group does the same: one predicted socket speaks for it.
+        A program on a dead socket or a silent node fails, as on the rack."""
+        self._wait_gate(node, job_id, sockets)
         replicas = self.programs.setdefault(
             (job_id, tuple(sockets)), PredictedReplicas(self.platform_of(ops), MODELS, len(sockets))
         )

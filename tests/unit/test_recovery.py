@@ -15,7 +15,7 @@ from rdurack.orchestrator.jobs import JobState
 from rdurack.orchestrator.orchestrator import Orchestrator
 from rdurack.orchestrator.store import JobStore
 from rdurack.rack.errors import LinkFailure
-from tests.unit.test_orchestrator import RACK, FakeGateway, spec, wait_for
+from tests.unit.test_orchestrator import RACK, FakeGateway, coe, spec, wait_for
 
 # Fast watcher for tests: the real defaults are 0.5 s and 2 s.
 HEARTBEAT_S = 0.05
@@ -164,3 +164,23 @@ def test_a_retried_job_waits_its_backoff_before_it_is_placed_again(
     finally:
         o.stop()
         o.store.close()
+
+
+def test_a_coe_job_that_loses_one_replica_is_served_by_the_other_without_a_retry(
+    orch: Orchestrator, gateway: FakeGateway
+) -> None:
+    gateway.gate.clear()  # the replicas' programs wait
+    job, _ = orch.submit(coe(num_experts=20, num_sockets=16, prompts=["a", "b", "c", "d"]))
+    wait_state(orch, job.id, {JobState.RUNNING})
+    gateway.silent.add(1)  # replica 1 is node 1's: its agent goes silent
+    deadline = time.monotonic() + 10
+    while orch.health is not None and orch.health.node(1).healthy:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    gateway.gate.set()
+    assert wait_for(orch, job.id) is JobState.SUCCEEDED
+    done = orch.get(job.id)
+    assert done.attempts == 1 and not retry_reasons(orch, job.id)
+    assert done.result is not None and done.result["failed_replicas"] == [1]
+    served = {r["replica"] for r in done.result["per_request"]}
+    assert served == {0} and len(done.result["per_request"]) == 4
