@@ -20,7 +20,12 @@ export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER := 0
 export RAY_USAGE_STATS_ENABLED := 0
 export RAY_AUTH_MODE := disabled
 
-.PHONY: help install proto lint typecheck test run bench clean k8s-render k8s-apply k8s-secrets
+# make chaos: the whole run's wall-clock bound (bring-up included) and its seed (random if
+# empty; the run prints it, so a run can be repeated).
+CHAOS_S ?= 170
+CHAOS_SEED ?=
+
+.PHONY: help install proto lint typecheck test run bench chaos clean k8s-render k8s-apply k8s-secrets
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-11s %s\n", $$1, $$2}'
@@ -59,6 +64,10 @@ run: $(PROTO_STAMP) ## the main demo on the embedded default rack (rdu demo)
 
 bench: $(PROTO_STAMP) ## benchmarks: prints a table, writes build/bench.json
 	$(BIN)/python -m rdurack.services.bench --out build/bench.json
+
+chaos: $(PROTO_STAMP) ## random faults under a mixed workload, bounded (CHAOS_S, CHAOS_SEED)
+	$(BIN)/python -m rdurack.services.chaos --duration-s $(CHAOS_S) --state-dir build/chaos \
+		$(if $(CHAOS_SEED),--seed $(CHAOS_SEED))
 
 k8s-render: ## print the manifests of k8s/overlays/$(OVERLAY) (OVERLAY=dev|rack16)
 	$(KUBECTL) kustomize k8s/overlays/$(OVERLAY)

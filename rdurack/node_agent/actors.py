@@ -4,6 +4,12 @@ num_cpus=0: sixteen sockets share the host's cores; each actor is mostly waiting
 links. One call runs at a time, so a socket's state needs no locks; its gRPC link
 server runs on its own threads and only touches the thread-safe mailbox.
 
+The exception is the CONTROL concurrency group, one more thread: the calls that must
+answer while the socket is busy with a long call (a training segment). Its methods
+(CONTROL_METHODS) only read attributes or touch lock-protected link state and the
+mailbox: a heartbeat, aborting a job's waits, fault hooks, learning peer addresses.
+Callers pick it per call: `actor.heartbeat.options(concurrency_group=CONTROL)`.
+
 Each actor is its own process: it configures tracing on construction, with its socket
 id as service.name (one Jaeger lane per socket).
 """
@@ -32,7 +38,23 @@ class TracedSocket(Socket):
         return setup.flush(timeout_ms)
 
 
-SocketActor: Any = ray.remote(num_cpus=0, max_restarts=0)(TracedSocket)
+CONTROL = "control"
+CONTROL_METHODS = frozenset(
+    {"heartbeat", "abort", "slow", "set_link_down", "set_link_delay", "connect"}
+)
+# max_restarts=0: a dead actor stays dead until its agent restarts it (docs/faults.md).
+# Ray's typing stubs do not list concurrency_groups, which ray.remote accepts.
+_remote: Any = ray.remote
+SocketActor: Any = _remote(num_cpus=0, max_restarts=0, concurrency_groups={CONTROL: 1})(
+    TracedSocket
+)
+
+
+def control(actor: Any, method: str) -> Any:
+    """`actor.method` on the CONTROL thread (it answers while the socket is busy)."""
+    if method not in CONTROL_METHODS:
+        raise ValueError(f"{method} is not a control method: {sorted(CONTROL_METHODS)}")
+    return getattr(actor, method).options(concurrency_group=CONTROL)
 
 
 def start_ray(address: str | None = None) -> None:

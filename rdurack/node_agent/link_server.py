@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent import futures
@@ -142,7 +143,10 @@ class LinkEndpoint:
         self._peers: dict[str, str] = {}  # peer socket id -> "host:port"
         self._channels: dict[str, tuple[grpc.Channel, link_pb2_grpc.LinkServiceStub]] = {}
         self._down: set[str] = set()  # peers whose link from here is marked down
+        # Transfer ids are unique per endpoint: a socket restarted after a fault counts
+        # from 0 again, and its peers still remember its predecessor's ids.
         self._ids = itertools.count()
+        self._id_prefix = f"{socket_id}-{uuid.uuid4().hex[:8]}"
         self._closed = False
         self._recent_lock = threading.Lock()
         self._recent_ids: OrderedDict[str, None] = OrderedDict()
@@ -303,7 +307,7 @@ class LinkEndpoint:
             if t.dst in self._down:
                 raise LinkFailure(f"{what} dropped: the link is down (fault injected)")
             stub = self._stub_locked(t.dst)
-            transfer_id = f"{self.socket_id}-{next(self._ids)}"
+            transfer_id = f"{self._id_prefix}-{next(self._ids)}"
             address = self._peers[t.dst]
         header = link_pb2.TransferHeader(
             transfer_id=transfer_id,

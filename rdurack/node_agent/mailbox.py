@@ -41,6 +41,9 @@ class Mailbox:
         self.owner = owner  # the receiving socket's id, named in every error
         self._messages: dict[Key, Message] = {}
         self._cond = threading.Condition()
+        # Set by `abort` (another thread: a peer of the job died): every wait fails with
+        # it until `reset`.
+        self._aborted: str | None = None
 
     def put(self, msg: Message) -> None:
         """Store `msg`; a second message with the same key is a protocol error."""
@@ -59,7 +62,8 @@ class Mailbox:
     def take(self, tag: str, step: int, src: str, timeout_s: float) -> Message:
         """Block until the message (tag, step, src) is here, remove and return it.
 
-        Raises LinkFailure after `timeout_s` seconds (wall time) without it.
+        Raises LinkFailure after `timeout_s` seconds (wall time) without it, or at once
+        once `abort` was called.
         """
         if not timeout_s >= 0:  # also refuses NaN
             raise InvalidRequest(f"timeout_s must be >= 0, got {timeout_s}")
@@ -67,6 +71,11 @@ class Mailbox:
         deadline = time.monotonic() + timeout_s
         with self._cond:
             while key not in self._messages:
+                if self._aborted is not None:
+                    raise LinkFailure(
+                        f"{self.owner}: stopped waiting for {src} ({tag!r} step {step}): "
+                        f"{self._aborted}"
+                    )
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise LinkFailure(
@@ -75,6 +84,23 @@ class Mailbox:
                     )
                 self._cond.wait(remaining)
             return self._messages.pop(key)
+
+    def abort(self, reason: str) -> None:
+        """Fail every wait, now and until `reset`, with `reason` (the job is over: a
+        peer died and its messages will never come)."""
+        with self._cond:
+            self._aborted = reason
+            self._cond.notify_all()
+
+    def reset(self) -> None:
+        """A job took or gave back the socket: wait normally again, and drop what is
+        pending. No message is due then (a job's sockets are all reserved before any of
+        them runs, and its calls have all returned before it releases them); what is
+        here is left over from a failed run, and a retry of the job (same id, so the
+        same tags) must not take it."""
+        with self._cond:
+            self._aborted = None
+            self._messages.clear()
 
     def discard(self, tag: str) -> int:
         """Drop every pending message of `tag` (cleanup after a failed collective), so a

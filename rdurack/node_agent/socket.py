@@ -94,9 +94,12 @@ class Socket:
         port: int = 0,
         timeout_s: float = 30.0,
         tls: TlsConfig | None = None,
+        clock_ns: int = 0,
         tracer_provider: trace.TracerProvider | None = None,
     ) -> None:
         """`tls`: its links are mutual TLS among rack members (plaintext without).
+        `clock_ns`: where the emulated clock starts (a socket restarted after a fault
+        continues from its predecessor's clock, so time on a socket never runs back).
         `tracer_provider`: where hardware spans go (default: the process's global one,
         which telemetry.setup.configure installs in a socket actor)."""
         if time_scale < 0:
@@ -107,10 +110,11 @@ class Socket:
         self.topology = Topology(platform)
         self.topology.check(self.id)
         self.memory = TieredMemory(socket_id, platform.socket)
-        self.clock = EmulatedClock()
+        self.clock = EmulatedClock(clock_ns)
         self.timeout_s = timeout_s
         self.time_scale = time_scale  # wall seconds per emulated second; 0: no pacing
         self.slowdown = 1.0  # fault hook: kernels take this many times longer
+        self._delay_ns: dict[str, int] = {}  # fault hook: extra latency per peer, ns
         self.job: str | None = None
         self.tensors: dict[str, np.ndarray] = {}
         self._predictor = Predictor(platform)
@@ -161,6 +165,26 @@ class Socket:
     def ping(self) -> int:
         return self.clock.now_ns
 
+    def heartbeat(self) -> SocketState:
+        """Liveness and the cheap part of `state` (no tier usage). Ray runs it on the
+        actor's control thread (actors.py), so a socket busy with a long call answers;
+        it only reads attributes, which the busy thread may change between two reads."""
+        return SocketState(
+            socket_id=self.name,
+            job_id=self.job,
+            clock_ns=self.clock.now_ns,
+            link_address=self._endpoint.address,
+            slowdown=self.slowdown,
+        )
+
+    def abort(self, job_id: str, reason: str) -> bool:
+        """End the waits of `job_id`'s call in flight at once (control thread): a peer
+        died, so its messages will never come. False if the socket is not the job's."""
+        if self.job != job_id:
+            return False
+        self._endpoint.mailbox.abort(reason)
+        return True
+
     # ------------------------------------------------------------------ jobs
 
     def reserve(self, job_id: str) -> None:
@@ -169,6 +193,7 @@ class Socket:
             raise SocketBusy(self.name, self.job, job_id)
         if self.job is None:
             self.job = job_id
+            self._endpoint.mailbox.reset()  # an abort of the previous job is over
             self._pace_anchor = (time.monotonic(), self.clock.now_ns)
             self._trace_anchor = (time.time_ns(), None)
 
@@ -182,6 +207,7 @@ class Socket:
                 self.memory.free(alloc.name)
         self.tensors = {k: v for k, v in self.tensors.items() if not k.startswith(prefix)}
         self.job = None
+        self._endpoint.mailbox.reset()
         self._program = None
         self._shards = {}
         self._collectives = 0
@@ -259,8 +285,7 @@ class Socket:
             job_id, model, group_size, batch * seq if phase is not Phase.TRAIN else 0
         )
         timing = self._predictor.step(model, phase, plan, batch, seq, group_size)
-        if start_ns is not None:
-            self.clock.advance_to(start_ns)
+        self._meet(start_ns)
         start = self.clock.now_ns
         self.clock.advance(timing.total_s * steps * self.slowdown)
         self._pace()
@@ -324,6 +349,7 @@ class Socket:
             name, attributes = _op_span(op, run)
             self._span(name, carrier, job_id, run, attributes)
 
+        self._meet(start_ns)
         program = self._program.run(ops, start_ns, self.slowdown, observe)
         self._pace()
         return program
@@ -382,6 +408,7 @@ class Socket:
         began = max(self.clock.now_ns, start_ns or 0)
         saved, self.timeout_s = self.timeout_s, workload.wall_timeout_s  # a dead peer
         try:
+            self._meet(start_ns)
             report = self._trainer.advance(steps, start_ns)
         finally:
             self.timeout_s = saved
@@ -496,8 +523,7 @@ class Socket:
         itemsize = np.dtype(data.dtype if data is not None else dtype).itemsize
         elements = data.size if data is not None else nbytes // itemsize
         schedule = self._schedule(op, members, elements, itemsize, root, algorithm)
-        if start_ns is not None:
-            self.clock.advance_to(start_ns)
+        self._meet(start_ns)
         start = self.clock.now_ns
         buffer = None
         if data is not None:
@@ -626,6 +652,7 @@ class Socket:
             outgoing = []
             for s in (s for s in step if s.src == me):
                 _, arrival = self._links.state(me, s.dst).transmit(self.clock.now_ns, s.nbytes)
+                arrival += self._delay_ns.get(str(s.dst), 0)  # a delayed link (fault)
                 payload = None
                 if buffer is not None:
                     # No copy: send_all returns only after every ack, so the chunk is
@@ -669,6 +696,16 @@ class Socket:
 
     # ------------------------------------------------------------------ pacing, faults
 
+    def _meet(self, start_ns: int | None) -> None:
+        """Move the clock to a job's start (the clocks of its sockets meet there). The
+        jump is idle time, not work: pacing does not make it up in wall time."""
+        if start_ns is None:
+            return
+        before = self.clock.now_ns
+        self.clock.advance_to(start_ns)
+        wall0, emu0 = self._pace_anchor
+        self._pace_anchor = (wall0, emu0 + self.clock.now_ns - before)
+
     def _pace(self) -> None:
         """With time_scale > 0, wait until wall time has caught up with emulated time."""
         if self.time_scale <= 0:
@@ -689,6 +726,17 @@ class Socket:
         """Fault hook: the link from this socket to `peer` drops every transfer."""
         self.topology.check(SocketId.parse(peer))
         self._endpoint.set_link_down(peer, down)
+
+    def set_link_delay(self, peer: str, extra_latency_ns: int) -> None:
+        """Fault hook: transfers from this socket to `peer` arrive `extra_latency_ns`
+        later in emulated time (0: no delay)."""
+        self.topology.check(SocketId.parse(peer))
+        if extra_latency_ns < 0:
+            raise InvalidRequest(f"extra latency must be >= 0 ns, got {extra_latency_ns}")
+        if extra_latency_ns:
+            self._delay_ns[peer] = extra_latency_ns
+        else:
+            self._delay_ns.pop(peer, None)
 
     def close(self) -> None:
         self._endpoint.close()

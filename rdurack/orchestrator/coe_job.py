@@ -9,16 +9,16 @@ actors loaded with that platform's spec for the job's duration.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from rdurack.orchestrator.gateway import NodeGateway
 from rdurack.orchestrator.platforms import job_platform
-from rdurack.rack.errors import InvalidRequest, OneProcessPerSocket, UnknownName
+from rdurack.rack.errors import InvalidRequest, LinkFailure, OneProcessPerSocket, UnknownName
 from rdurack.rack.kernels import FusionPlan
 from rdurack.rack.models import ModelSpec
 from rdurack.rack.spec import PlatformSpec
 from rdurack.rack.topology import SocketId
-from rdurack.workloads.coe import check_functional
+from rdurack.workloads.coe import ReplicaFailed, check_functional
 from rdurack.workloads.coe_spec import CoeWorkload, build_requests
 from rdurack.workloads.program import Op, ProgramRun, combine
 from rdurack.workloads.router import Router
@@ -91,15 +91,31 @@ def replica_groups(sockets: Sequence[str], tp: int) -> list[tuple[int, list[str]
 
 
 class GatewayReplicas:
-    """The engine's NodeExecutor on the rack: replica i is a TP group of one node."""
+    """The engine's NodeExecutor on the rack: replica i is a TP group of one node.
+
+    A replica whose socket or agent died fails with ReplicaFailed (the engine re-routes
+    its requests): when its program fails on a link or a dead socket, or at once when
+    `lost(replica)` says why (the health watcher saw one of its sockets die)."""
 
     def __init__(
-        self, gateway: NodeGateway, job_id: str, replicas: list[tuple[int, list[str]]]
+        self,
+        gateway: NodeGateway,
+        job_id: str,
+        replicas: list[tuple[int, list[str]]],
+        lost: Callable[[int], str | None] = lambda replica: None,
     ) -> None:
         self.gateway = gateway
         self.job_id = job_id
         self.replicas = replicas
+        self.lost = lost
 
     def run(self, replica: int, ops: Sequence[Op], start_ns: int) -> ProgramRun:
         node, sockets = self.replicas[replica]
-        return combine(self.gateway.run_program(node, self.job_id, sockets, ops, start_ns))
+        why = self.lost(replica)
+        if why is not None:
+            raise ReplicaFailed(replica, why)
+        try:
+            runs = self.gateway.run_program(node, self.job_id, sockets, ops, start_ns)
+        except LinkFailure as e:
+            raise ReplicaFailed(replica, self.lost(replica) or str(e)) from None
+        return combine(runs)

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Literal, Protocol
 
 from rdurack.orchestrator.jobs import KernelWorkload
+from rdurack.rack.faults import Fault
 from rdurack.workloads.program import Op, ProgramRun
 from rdurack.workloads.training.job import RankReport, TrainingWorkload
 
@@ -28,6 +29,11 @@ class SocketView:
     clock_ns: int = 0
     link_address: str = ""
     tiers: dict[str, TierView] = field(default_factory=dict)  # "sram" | "hbm" | "ddr"
+    slowdown: float = 1.0  # an injected SLOW_SOCKET fault: kernels take this many x longer
+    incarnation: int = 0  # grows by one each time its agent restarts its actor
+    reason: str = ""  # why it is not healthy
+    dead: bool = False  # not healthy because its actor died (not merely silent)
+    since_s: float | None = None  # wall clock its health last changed (the watcher's)
 
 
 @dataclass(frozen=True)
@@ -37,6 +43,28 @@ class NodeView:
     healthy: bool
     sockets: tuple[SocketView, ...] = ()
     error: str = ""  # why the node is unhealthy (agent unreachable, ...)
+    since_s: float | None = None  # wall clock its health last changed (the watcher's)
+
+
+@dataclass(frozen=True)
+class SocketBeat:
+    """One socket in a heartbeat: "healthy" (its actor answered), "dead" (its actor is
+    gone) or "unresponsive" (no answer in time: busy, wedged or dying)."""
+
+    socket_id: str
+    state: Literal["healthy", "dead", "unresponsive"]
+    job_id: str = ""
+    incarnation: int = 0
+    clock_ns: int = 0
+    slowdown: float = 1.0
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class NodeBeat:
+    index: int
+    incarnation: str  # a new value each time the agent process starts
+    sockets: tuple[SocketBeat, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -99,4 +127,27 @@ class NodeGateway(Protocol):
         """Run up to `steps` more steps (0: to the end) on this node's ranks (`sockets`)
         of a DDP job whose ranks, in order, are `group` (socket id, link address);
         `start_ns` (first call) is the job's emulated start. One report per socket."""
+        ...
+
+    def heartbeat(self, node: int, timeout_s: float) -> NodeBeat:
+        """The agent's cheap liveness answer within `timeout_s`; raises LinkFailure when
+        the agent cannot be reached."""
+        ...
+
+    def abort(self, node: int, job_id: str, sockets: Sequence[str], reason: str) -> None:
+        """Fail `job_id`'s calls in flight on `sockets` (of one node) at once, naming
+        `reason`: a peer of theirs died, so they would only wait for their timeout."""
+        ...
+
+    def inject_fault(self, node: int, fault: Fault) -> None:
+        """Apply node `node`'s part of `fault` (FaultConflict if it overlaps one)."""
+        ...
+
+    def clear_faults(self, node: int, fault_id: str) -> tuple[list[Fault], list[str]]:
+        """End `fault_id` (empty: every fault) on `node`; the faults ended and the socket
+        actors restarted."""
+        ...
+
+    def faults(self, node: int) -> list[Fault]:
+        """The faults with a part on `node`."""
         ...

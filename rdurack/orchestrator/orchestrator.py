@@ -19,27 +19,36 @@ and the scheduler starts a job only while its tenant stays within the quota.
 Tracing (OpenTelemetry API only; the process configures the SDK): a span per scheduling
 round that placed jobs, and a span per job run, inside which the gateway calls are
 made, so the job's trace reaches the node agents.
+
+Faults (docs/faults.md): a HealthWatcher polls the agents' heartbeats. When a socket or
+an agent a job runs on dies (or is restarted), the job's run is stopped at once: its
+calls in flight on the survivors are aborted, and the job is retried elsewhere by
+policy (`max_attempts`, after a backoff). A CoE job with several replicas loses only
+the replica that died: its requests are re-routed to the others. When one node's part
+of a job fails, its other nodes' calls are aborted too, rather than left waiting for
+messages that will never come.
 """
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
-import functools
 import logging
 import math
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from opentelemetry import trace
 
 from rdurack.orchestrator.coe_job import GatewayReplicas, replica_groups, validate_coe
-from rdurack.orchestrator.gateway import KernelRun, NodeGateway, NodeView
+from rdurack.orchestrator.gateway import KernelRun, NodeGateway, NodeView, SocketView
+from rdurack.orchestrator.health import DEAD_AFTER_S, INTERVAL_S, Change, HealthWatcher
 from rdurack.orchestrator.jobs import IllegalTransition, Job, JobSpec, JobState, KernelWorkload
 from rdurack.orchestrator.platforms import job_platform
 from rdurack.orchestrator.scheduler import Scheduler
@@ -63,11 +72,26 @@ from rdurack.workloads.coe import CoeEngine, CoeOutOfMemory
 from rdurack.workloads.coe_spec import CoeWorkload, build_requests
 from rdurack.workloads.predictor import Predictor
 from rdurack.workloads.router import Router
-from rdurack.workloads.training.job import TrainingWorkload, ranks_of
+from rdurack.workloads.training.job import RankReport, TrainingWorkload, ranks_of
 
 log = logging.getLogger(__name__)
 ACTIVE = (JobState.SCHEDULED, JobState.RUNNING)
 OTHER_TENANT = "(another tenant's job)"  # what a tenant sees of a socket it does not hold
+T = TypeVar("T")
+
+
+@dataclass
+class _Run:
+    """A job placed by this orchestrator and not yet finished: what the health watcher
+    may stop. `abort` says why the run must stop; a CoE job's `replicas` may be lost one
+    at a time (their requests re-routed) before the whole run is."""
+
+    job_id: str
+    sockets: tuple[str, ...]
+    started: float  # monotonic s when it was placed
+    abort: str | None = None
+    replicas: list[tuple[int, list[str]]] | None = None
+    lost: dict[int, str] = field(default_factory=dict)  # replica -> why
 
 
 class Orchestrator:
@@ -83,11 +107,19 @@ class Orchestrator:
         poll_s: float = 0.5,
         checkpoint_dir: Path | None = None,
         quotas: Mapping[str, int] | None = None,
+        heartbeat_s: float | None = INTERVAL_S,
+        dead_after_s: float = DEAD_AFTER_S,
+        retry_backoff_s: float = 1.0,
         tracer_provider: trace.TracerProvider | None = None,
     ) -> None:
         """`checkpoint_dir`: where training jobs checkpoint (a directory per job), on a
         filesystem every node agent sees; None: training jobs do not checkpoint.
         `quotas`: tenant -> the sockets its active jobs may hold (module docstring).
+        `heartbeat_s`: how often the health watcher polls the agents (None: no watcher);
+        `dead_after_s`: how long an agent may be silent before it counts as down.
+        `retry_backoff_s`: a retried job waits this long before it is placed again,
+        doubled with each attempt it has made (so a fault that lasts a while does not
+        use up its attempts at once).
         `tracer_provider`: where its spans go (default: the process's global one)."""
         self.store = store
         self.gateway = gateway
@@ -98,6 +130,21 @@ class Orchestrator:
         self.poll_s = poll_s
         self.checkpoint_dir = checkpoint_dir
         self.quotas = dict(quotas or {})
+        self.retry_backoff_s = retry_backoff_s
+        self.health = (
+            HealthWatcher(
+                gateway,
+                platform,
+                interval_s=heartbeat_s,
+                dead_after_s=dead_after_s,
+                on_change=self._on_health,
+            )
+            if heartbeat_s
+            else None
+        )
+        self._runs: dict[str, _Run] = {}
+        self._runs_lock = threading.Lock()
+        self._not_before: dict[str, float] = {}  # job -> monotonic s it may be placed again
         self.scheduler = Scheduler(platform.nodes, platform.node.sockets)
         self.predictor = Predictor(platform)
         self.models = builtin_models()
@@ -115,6 +162,9 @@ class Orchestrator:
     def start(self) -> list[Job]:
         """Recover what a previous run left scheduled or running, then start scheduling."""
         recovered = self.store.recover(self.recovery, self.max_attempts)
+        if self.health is not None:
+            self.health.poll_once()
+            self.health.start()
         self._release_orphans()
         self._thread = threading.Thread(target=self._loop, name="scheduler", daemon=True)
         self._thread.start()
@@ -122,6 +172,8 @@ class Orchestrator:
 
     def stop(self) -> None:
         self._stop.set()
+        if self.health is not None:
+            self.health.stop()
         self._kick()
         if self._thread is not None:
             self._thread.join(timeout=10)
@@ -241,9 +293,13 @@ class Orchestrator:
                 self._events.wait(timeout=self.poll_s)
 
     def rack(self, tenant: str | None = None) -> list[NodeView]:
-        """Every node and socket. With `tenant`, a socket held by another tenant's job
-        shows OTHER_TENANT instead of that job's id: busy, but whose is not said."""
+        """Every node and socket as its agent reports it, with the health watcher's
+        verdict, since when, and why (a node that does not answer lists its sockets as
+        down). With `tenant`, a socket held by another tenant's job shows OTHER_TENANT
+        instead of that job's id: busy, but whose is not said."""
         nodes = self.gateway.nodes()
+        if self.health is not None:
+            nodes = [self._with_health(v) for v in nodes]
         if tenant is None:
             return nodes
         mine = {j.id for j in self.store.list(list(ACTIVE), tenant)}
@@ -257,6 +313,36 @@ class Orchestrator:
             )
             for n in nodes
         ]
+
+    def _with_health(self, view: NodeView) -> NodeView:
+        assert self.health is not None
+        node = self.health.node(view.index)
+        sockets = view.sockets or tuple(
+            SocketView(str(s), view.index, False, reason=view.error)
+            for s in self._topology.sockets
+            if s.node == view.index
+        )
+        merged = []
+        for s in sockets:
+            h = self.health.socket(s.socket_id)
+            merged.append(
+                replace(
+                    s,
+                    healthy=s.healthy and h.healthy,
+                    reason=""
+                    if s.healthy and h.healthy
+                    else (h.reason if not h.healthy else s.reason),
+                    since_s=h.since_s,
+                )
+            )
+        why = view.error or ("" if node.healthy else node.reason)
+        return replace(
+            view,
+            healthy=view.healthy and node.healthy,
+            error=why,
+            since_s=node.since_s,
+            sockets=tuple(merged),
+        )
 
     # ------------------------------------------------------------------ scheduling
 
@@ -280,7 +366,8 @@ class Orchestrator:
     def schedule_once(self) -> int:
         """One scheduling round; returns how many jobs it started."""
         began = time.time_ns()
-        queued = self.store.queued()
+        now = time.monotonic()
+        queued = [j for j in self.store.queued() if self._not_before.get(j.id, 0.0) <= now]
         if not queued:
             return 0
         active = self.store.list(list(ACTIVE))
@@ -324,6 +411,8 @@ class Orchestrator:
             if not node.healthy and not node.sockets:
                 bad |= {str(s) for s in self._topology.sockets if s.node == node.index}
             bad |= {s.socket_id for s in node.sockets if not s.healthy}
+        if self.health is not None:
+            bad |= self.health.unhealthy()
         return bad
 
     def _by_node(self, sockets: Sequence[str]) -> dict[int, list[str]]:
@@ -341,6 +430,9 @@ class Orchestrator:
                 self.gateway.reserve(node, job.id, ids)
                 held.append((node, ids))
             self.store.transition(job.id, JobState.SCHEDULED, sockets=tuple(sockets))
+            with self._runs_lock:
+                self._runs[job.id] = _Run(job.id, tuple(sockets), time.monotonic())
+            self._not_before.pop(job.id, None)
         except (SocketBusy, LinkFailure, IllegalTransition) as e:
             for node, ids in held:
                 self._release(node, job.id, ids)
@@ -387,24 +479,129 @@ class Orchestrator:
 
     def _run_job(self, job: Job, nodes: dict[int, list[str]]) -> None:
         job_id = job.id
+        with self._runs_lock:
+            run = self._runs.get(job_id) or _Run(job_id, job.sockets, time.monotonic())
         try:
             if job.state is not JobState.SCHEDULED or job_id in self._cancelled:
                 return
-            self._execute(job, nodes)
+            self._check(run)
+            self._execute(job, nodes, run)
         except IllegalTransition:
             pass  # cancelled while running: the store already says so
-        except (LinkFailure, SocketBusy) as e:
-            self._failed(job_id, str(e), retry=True)
-        except RdurackError as e:
-            self._failed(job_id, str(e), retry=False)
-        except Exception as e:  # never leave a job hanging in RUNNING
-            log.exception("job %s failed", job_id)
-            self._failed(job_id, f"internal error: {type(e).__name__}: {e}", retry=False)
+        except Exception as e:
+            lost = self._lost(run)
+            if lost is not None:  # a socket or agent of the job died: not the job's fault
+                self._failed(job_id, lost, retry=True)
+            elif isinstance(e, LinkFailure | SocketBusy):
+                self._failed(job_id, str(e), retry=True)
+            elif isinstance(e, RdurackError):
+                self._failed(job_id, str(e), retry=False)
+            else:  # never leave a job hanging in RUNNING
+                log.exception("job %s failed", job_id)
+                self._failed(job_id, f"internal error: {type(e).__name__}: {e}", retry=False)
         finally:
+            with self._runs_lock:
+                self._runs.pop(job_id, None)
             for node, ids in nodes.items():
                 self._release(node, job_id, ids)
             self._notify()
             self._kick()
+
+    def _lost(self, run: _Run) -> str | None:
+        """Why the run was lost to a fault (a socket or agent of the job died or was
+        restarted since it was placed), or None."""
+        if run.abort is not None:
+            return run.abort
+        if self.health is None:
+            return None
+        return self.health.trouble_since(run.sockets, run.started)
+
+    def _check(self, run: _Run) -> None:
+        """Between a job's steps: stop a run the health watcher aborted."""
+        if run.abort is not None:
+            raise _Aborted(run.abort)
+
+    # ------------------------------------------------------------------ faults
+
+    def _on_health(self, changes: list[Change]) -> None:
+        """The health watcher's report: stop the runs a lost socket or agent (dead,
+        restarted) was part of; schedule again (sockets may be back in the pool)."""
+        down: dict[str, str] = {}  # socket -> why
+        for c in changes:
+            if not c.lost:
+                continue
+            ids = [c.socket_id] if c.socket_id else self._node_sockets(c.node)
+            for sid in ids:
+                down.setdefault(sid, f"{c.what}: {c.reason}")
+        with self._runs_lock:
+            runs = list(self._runs.values())
+        for run in runs:
+            hit = [s for s in run.sockets if s in down]
+            if hit:
+                self._stop_run(run, hit, down[hit[0]])
+        self._kick()
+
+    def _node_sockets(self, node: int) -> list[str]:
+        return [str(s) for s in self._topology.sockets if s.node == node]
+
+    def _stop_run(self, run: _Run, hit: list[str], reason: str) -> None:
+        """Stop a run `hit` sockets of which are down; a CoE run with replicas left
+        loses only the replicas hit (the engine re-routes their requests)."""
+        if run.replicas is not None:
+            lost = {i for i, (_, ids) in enumerate(run.replicas) if set(ids) & set(hit)}
+            if len(set(run.lost) | lost) < len(run.replicas):
+                for i in sorted(lost - set(run.lost)):
+                    run.lost[i] = reason
+                    node, ids = run.replicas[i]
+                    log.warning("job %s: replica %d lost: %s", run.job_id, i, reason)
+                    self._abort_calls(run.job_id, {node: ids}, reason)
+                return
+        if run.abort is None:
+            run.abort = reason
+            log.warning("job %s: stopped: %s", run.job_id, reason)
+            self._abort_calls(run.job_id, self._by_node(run.sockets), reason)
+
+    def _abort_calls(self, job_id: str, nodes: dict[int, list[str]], reason: str) -> None:
+        """Abort a job's calls in flight on the sockets of nodes that are up (in the
+        background: an agent's answer must not hold up the caller)."""
+
+        def abort() -> None:
+            for node, ids in nodes.items():
+                if self.health is not None and not self.health.node(node).healthy:
+                    continue  # its calls fail on their own: the agent is gone
+                try:
+                    self.gateway.abort(node, job_id, ids, reason)
+                except RdurackError as e:
+                    log.warning("abort of %s on node %d failed: %s", job_id, node, e)
+
+        threading.Thread(target=abort, name=f"abort-{job_id}", daemon=True).start()
+
+    def _on_nodes(
+        self,
+        job_id: str,
+        nodes: dict[int, list[str]],
+        call: Callable[[int, list[str]], list[T]],
+    ) -> list[T]:
+        """`call(node, sockets)` on every node of a job at once, each in a copy of this
+        context (the job's span is its parent); their results in node order. The first
+        failure aborts the calls still running on the other nodes (they would wait for
+        its messages until their timeout) and is raised."""
+        with ThreadPoolExecutor(max_workers=len(nodes)) as pool:
+            futures = {
+                node: pool.submit(contextvars.copy_context().run, call, node, ids)
+                for node, ids in nodes.items()
+            }
+            done, _ = wait(futures.values(), return_when=FIRST_EXCEPTION)
+            failed = next((f.exception() for f in done if f.exception() is not None), None)
+            if failed is not None:
+                why = f"another node of the job failed: {failed}"
+                for node, f in futures.items():
+                    if not f.done():
+                        with contextlib.suppress(RdurackError):
+                            self.gateway.abort(node, job_id, nodes[node], why)
+                wait(futures.values())
+                raise failed
+            return [r for f in futures.values() for r in f.result()]
 
     def _start(self, job: Job) -> tuple[Job, int]:
         """Move the job to RUNNING at the latest clock of its sockets (clocks meet)."""
@@ -416,12 +613,12 @@ class Orchestrator:
         self._notify()
         return job, start
 
-    def _execute(self, job: Job, nodes: dict[int, list[str]]) -> None:
+    def _execute(self, job: Job, nodes: dict[int, list[str]], run: _Run) -> None:
         if isinstance(job.spec.workload, CoeWorkload):
-            self._execute_coe(job, job.spec.workload)
+            self._execute_coe(job, job.spec.workload, run)
             return
         if isinstance(job.spec.workload, TrainingWorkload):
-            self._execute_training(job, job.spec.workload)
+            self._execute_training(job, job.spec.workload, run)
             return
         job, start = self._start(job)
         w = job.spec.workload
@@ -432,7 +629,12 @@ class Orchestrator:
         for steps in chunks:
             if job.id in self._cancelled:
                 return
-            runs = self._run_on_nodes(job.id, nodes, w, steps, now)
+            self._check(run)
+
+            def part(n: int, ids: list[str], steps: int = steps, at: int = now) -> list[KernelRun]:
+                return self.gateway.run_kernel(n, job.id, ids, w, steps, at)
+
+            runs = self._on_nodes(job.id, nodes, part)
             now = max(r.end_ns for r in runs)
             done += steps
             calls += max(r.kernel_calls for r in runs)  # per socket: all run the same kernels
@@ -452,10 +654,11 @@ class Orchestrator:
         self.store.add_event(job.id, "result", result)
         self.store.transition(job.id, JobState.SUCCEEDED, result=result, emulated_end_ns=now)
 
-    def _execute_coe(self, job: Job, w: CoeWorkload) -> None:
+    def _execute_coe(self, job: Job, w: CoeWorkload, run: _Run) -> None:
         job, start = self._start(job)
         platform = job_platform(self.platform, job.spec.platform)
         replicas = replica_groups(job.sockets, w.tensor_parallel or platform.node.sockets)
+        run.replicas = replicas
         router = Router.for_catalog(w.num_experts)
         requests = build_requests(w, router)
         marks = {
@@ -466,6 +669,7 @@ class Orchestrator:
         def progress(done: int, total: int, emulated_ns: int) -> None:
             if job.id in self._cancelled:
                 raise _Cancelled
+            self._check(run)
             if done in marks or done == total:
                 self.store.add_event(
                     job.id,
@@ -483,7 +687,7 @@ class Orchestrator:
             platform,
             self.models,
             router.names,
-            GatewayReplicas(self.gateway, job.id, replicas),
+            GatewayReplicas(self.gateway, job.id, replicas, run.lost.get),
             range(len(replicas)),
             functional=job.spec.payload_mode == "functional",
             start_ns=start,
@@ -503,7 +707,7 @@ class Orchestrator:
         end = start + round(report.emulated_s * 1e9)
         self.store.transition(job.id, JobState.SUCCEEDED, result=result, emulated_end_ns=end)
 
-    def _execute_training(self, job: Job, w: TrainingWorkload) -> None:
+    def _execute_training(self, job: Job, w: TrainingWorkload, run: _Run) -> None:
         """Segments of steps on every node at once (the ranks meet over the links);
         progress and cancellation between segments. A retried job resumes from the last
         checkpoint in its directory."""
@@ -520,26 +724,24 @@ class Orchestrator:
         while True:
             if job.id in self._cancelled:
                 return
-            with ThreadPoolExecutor(max_workers=len(nodes)) as pool:
-                futures = [
-                    pool.submit(
-                        contextvars.copy_context().run,
-                        functools.partial(
-                            self.gateway.train,
-                            node,
-                            job.id,
-                            ids,
-                            w,
-                            group,
-                            platform_name=name,
-                            steps=segment,
-                            start_ns=start if first else 0,
-                            checkpoint_dir=checkpoints,
-                        ),
-                    )
-                    for node, ids in nodes.items()
-                ]
-                reports = [r for f in futures for r in f.result()]
+            self._check(run)
+
+            def part(
+                n: int, ids: list[str], steps: int = segment, at: int = start if first else 0
+            ) -> list[RankReport]:
+                return self.gateway.train(
+                    n,
+                    job.id,
+                    ids,
+                    w,
+                    group,
+                    platform_name=name,
+                    steps=steps,
+                    start_ns=at,
+                    checkpoint_dir=checkpoints,
+                )
+
+            reports = self._on_nodes(job.id, nodes, part)
             first = False
             lead = min(reports, key=lambda r: r.rank)
             losses += [x for x in lead.losses if not math.isnan(x)]  # timing mode: none
@@ -564,26 +766,6 @@ class Orchestrator:
         end = max(r.end_ns for r in reports)
         self.store.transition(job.id, JobState.SUCCEEDED, result=result, emulated_end_ns=end)
 
-    def _run_on_nodes(
-        self, job_id: str, nodes: dict[int, list[str]], w: KernelWorkload, steps: int, start: int
-    ) -> list[KernelRun]:
-        with ThreadPoolExecutor(max_workers=len(nodes)) as pool:
-            # Each call in a copy of this context: the job's span is its parent.
-            futures = [
-                pool.submit(
-                    contextvars.copy_context().run,
-                    self.gateway.run_kernel,
-                    node,
-                    job_id,
-                    ids,
-                    w,
-                    steps,
-                    start,
-                )
-                for node, ids in nodes.items()
-            ]
-            return [r for f in futures for r in f.result()]
-
     def _result(
         self, w: KernelWorkload, emulated_ns: int, steps: int, calls: int, hbm_bytes: int
     ) -> dict[str, Any]:
@@ -607,6 +789,8 @@ class Orchestrator:
                 self.store.transition(
                     job_id, JobState.PENDING, sockets=(), reason=f"retrying after: {error}"
                 )
+                wait_s = self.retry_backoff_s * 2 ** max(0, job.attempts - 1)
+                self._not_before[job_id] = time.monotonic() + wait_s
             elif not job.state.terminal:
                 self.store.transition(job_id, JobState.FAILED, error=error)
         except IllegalTransition:
@@ -615,6 +799,10 @@ class Orchestrator:
 
 class _Cancelled(Exception):
     """Raised from a CoE job's progress hook to stop serving a cancelled job."""
+
+
+class _Aborted(LinkFailure):
+    """A run the health watcher stopped (a socket or agent of the job died)."""
 
 
 def _split(total: int, parts: int) -> list[int]:

@@ -23,6 +23,7 @@ from rdurack.rack.whatif import load_platform
 from rdurack.services import (  # noqa: F401  (commands)
     cli_coe,
     cli_demo,
+    cli_fault,
     cli_rack,
     cli_security,
     cli_trace,

@@ -179,7 +179,7 @@ def up_cmd(
     sockets_per_node: Annotated[int, typer.Option(min=1, max=64)] = 8,
     state_dir: StateDirOpt = Path(".state"),
     port: Annotated[int, typer.Option(min=0, max=65535, help="orchestrator port")] = 50051,
-    timeout: Annotated[float, typer.Option(min=1, help="seconds to wait for readiness")] = 60,
+    timeout: Annotated[float, typer.Option(min=1, help="seconds to wait for readiness")] = 120,
     tls: Annotated[
         bool,
         typer.Option(
@@ -192,6 +192,9 @@ def up_cmd(
             "--tokens", help="a tokens file: the orchestrator requires bearer tokens (tenants)"
         ),
     ] = None,
+    time_scale: Annotated[
+        float, typer.Option(min=0, help="pacing: wall s per emulated s (0: no pacing)")
+    ] = 0.0,
 ) -> None:
     """Start local Ray, the node agents and the orchestrator; return once all serve."""
     from rdurack.services import local_rack
@@ -205,6 +208,7 @@ def up_cmd(
         on_ready=lambda name, address: print(f"{name:<14} ready at {address}", flush=True),
         tls=tls,
         tokens=tokens,
+        time_scale=time_scale,
     )
     print(
         f"rack up: {nodes} x {sockets_per_node} sockets; orchestrator at {rack.orchestrator}; "
@@ -705,6 +709,10 @@ def _rack_dict(rack: rack_pb2.RackStatus) -> dict[str, Any]:
                     "node": s.ref.node_index,
                     "socket": s.ref.socket_index,
                     "health": rack_pb2.SocketHealth.Name(s.health).removeprefix("SOCKET_HEALTH_"),
+                    "health_reason": s.health_reason or None,
+                    "health_since_s": _seconds_of(s, "health_since"),
+                    "slowdown": s.slowdown or 1.0,
+                    "incarnation": s.incarnation,
                     "job": s.current_job_id or None,
                     "emulated_clock_ns": s.emulated_clock_ns,
                     "link_address": s.link_address,
@@ -721,11 +729,24 @@ def _rack_dict(rack: rack_pb2.RackStatus) -> dict[str, Any]:
     return {
         "platform": rack.platform,
         "nodes": [
-            {"index": n.index, "agent_address": n.agent_address, "healthy": n.healthy}
+            {
+                "index": n.index,
+                "agent_address": n.agent_address,
+                "healthy": n.healthy,
+                "health_reason": n.health_reason or None,
+                "health_since_s": _seconds_of(n, "health_since"),
+            }
             for n in rack.nodes
         ],
         "sockets": sockets,
     }
+
+
+def _seconds_of(msg: rack_pb2.SocketStatus | rack_pb2.NodeStatus, field: str) -> float | None:
+    """A Timestamp field as wall-clock seconds (Unix time), None when unset."""
+    if not msg.HasField(field):  # type: ignore[arg-type]
+        return None
+    return float(getattr(msg, field).ToNanoseconds() * 1e-9)
 
 
 @app.command("status")
@@ -769,9 +790,15 @@ def status_cmd(
             _size(s["tiers"].get("sram", empty)["used_bytes"]),
         )
     Console().print(table)
-    down_nodes = [n["index"] for n in data["nodes"] if not n["healthy"]]
-    if down_nodes:
-        Console(stderr=True).print(f"[red]nodes not answering: {down_nodes}[/]")
+    err = Console(stderr=True)
+    for n in data["nodes"]:
+        if not n["healthy"]:
+            err.print(f"[red]node {n['index']}: {n['health_reason'] or 'not healthy'}[/]")
+    for s in data["sockets"]:
+        if s["health"] != "HEALTHY" and s["health_reason"]:
+            err.print(f"[red]{s['id']}: {s['health_reason']}[/]")
+        elif s["slowdown"] != 1.0:
+            err.print(f"[yellow]{s['id']}: {s['slowdown']:g}x slower (injected fault)[/]")
 
 
 # --------------------------------------------------------------------- following jobs

@@ -84,8 +84,12 @@ class Usage(Protocol):
     def capacity_bytes(self) -> int: ...
 
 
-def health(healthy: bool) -> rack_pb2.SocketHealth.ValueType:
-    return rack_pb2.SOCKET_HEALTH_HEALTHY if healthy else rack_pb2.SOCKET_HEALTH_FAILED
+def health(healthy: bool, dead: bool = True) -> rack_pb2.SocketHealth.ValueType:
+    """HEALTHY; else FAILED for a dead actor (or any unhealthy socket, when who cannot
+    tell says so with dead=True), UNREACHABLE for one that did not answer in time."""
+    if healthy:
+        return rack_pb2.SOCKET_HEALTH_HEALTHY
+    return rack_pb2.SOCKET_HEALTH_FAILED if dead else rack_pb2.SOCKET_HEALTH_UNREACHABLE
 
 
 def tier_usage(tier: str, usage: Usage) -> common_pb2.TierUsage:
@@ -100,14 +104,33 @@ def tier_usage(tier: str, usage: Usage) -> common_pb2.TierUsage:
 def socket_status(h: SocketHealth) -> rack_pb2.SocketStatus:
     msg = rack_pb2.SocketStatus(
         ref=socket_ref(h.socket_id),
-        health=health(h.healthy),
+        health=health(h.healthy, h.dead),
+        health_reason=h.error,
+        incarnation=h.incarnation,
+        slowdown=1.0,
     )
     if h.state is not None:
         msg.current_job_id = h.state.job_id or ""
         msg.emulated_clock_ns = h.state.clock_ns
         msg.link_address = h.state.link_address
+        msg.slowdown = h.state.slowdown
         msg.tiers.extend(tier_usage(t, u) for t, u in h.state.tiers.items())
     return msg
+
+
+def socket_beat(h: SocketHealth) -> node_agent_pb2.SocketBeat:
+    beat = node_agent_pb2.SocketBeat(
+        socket_id=h.socket_id,
+        health=health(h.healthy, h.dead),
+        incarnation=h.incarnation,
+        error=h.error,
+        slowdown=1.0,
+    )
+    if h.state is not None:
+        beat.current_job_id = h.state.job_id or ""
+        beat.emulated_clock_ns = h.state.clock_ns
+        beat.slowdown = h.state.slowdown
+    return beat
 
 
 def kernel_timing(run: Run) -> node_agent_pb2.SocketKernelTiming:

@@ -173,19 +173,21 @@ def channel(
     tls: TlsConfig | None = None,
     rack: bool = False,
     token: str | None = None,
+    options: Sequence[tuple[str, Any]] = (),
 ) -> grpc.Channel:
     """A channel whose calls carry the caller's trace context (and get CLIENT spans).
 
     `tls`: TLS trusting its CA (plaintext without). `rack`: an in-rack channel, which
     presents the member certificate and expects a rack member at `address`. `token`:
-    a bearer token sent with every call."""
+    a bearer token sent with every call. `options`: channel arguments beyond the
+    message-size limits."""
     if tls is None:
-        base = grpc.insecure_channel(address, options=OPTIONS)
+        base = grpc.insecure_channel(address, options=[*OPTIONS, *options])
     else:
         base = grpc.secure_channel(
             address,
             tls.channel_credentials(),
-            options=[*OPTIONS, *tls.channel_options(rack)],
+            options=[*OPTIONS, *options, *tls.channel_options(rack)],
         )
     interceptors: list[Any] = [ClientTracing(tracer_provider)]
     if token:

@@ -125,7 +125,7 @@ def spec_to_proto(spec: JobSpec, client_request_id: str | None = None) -> job_pb
     return msg
 
 
-def _time(seconds: float) -> Timestamp:
+def timestamp(seconds: float) -> Timestamp:
     t = Timestamp()
     t.FromNanoseconds(int(seconds * 1e9))
     return t
@@ -153,8 +153,8 @@ def job_to_proto(job: Job) -> job_pb2.Job:
         id=job.id,
         spec=spec_to_proto(job.spec, job.client_request_id),
         state=STATE_TO_PROTO[job.state],
-        create_time=_time(job.created_s),
-        update_time=_time(job.updated_s),
+        create_time=timestamp(job.created_s),
+        update_time=timestamp(job.updated_s),
         sockets=[convert.socket_ref(s) for s in job.sockets],
         emulated_start_ns=job.emulated_start_ns or 0,
         emulated_end_ns=job.emulated_end_ns or 0,
@@ -162,16 +162,16 @@ def job_to_proto(job: Job) -> job_pb2.Job:
         tenant=job.tenant,
     )
     if job.started_s is not None:
-        msg.start_time.CopyFrom(_time(job.started_s))
+        msg.start_time.CopyFrom(timestamp(job.started_s))
     if job.finished_s is not None:
-        msg.end_time.CopyFrom(_time(job.finished_s))
+        msg.end_time.CopyFrom(timestamp(job.finished_s))
     if job.result is not None:
         msg.result.CopyFrom(result_to_proto(job.result))
     return msg
 
 
 def event_to_proto(event: Event) -> job_pb2.JobEvent:
-    msg = job_pb2.JobEvent(job_id=event.job_id, sequence=event.seq, time=_time(event.time_s))
+    msg = job_pb2.JobEvent(job_id=event.job_id, sequence=event.seq, time=timestamp(event.time_s))
     p = event.payload
     if event.kind == "state":
         previous = p.get("previous")
@@ -196,19 +196,26 @@ def event_to_proto(event: Event) -> job_pb2.JobEvent:
 
 
 def node_to_proto(node: NodeView) -> rack_pb2.NodeStatus:
-    return rack_pb2.NodeStatus(
+    msg = rack_pb2.NodeStatus(
         index=node.index,
         agent_address=node.address,
         healthy=node.healthy,
-        sockets=[
-            rack_pb2.SocketStatus(
-                ref=convert.socket_ref(s.socket_id),
-                health=convert.health(s.healthy),
-                current_job_id=s.job_id,
-                emulated_clock_ns=s.clock_ns,
-                link_address=s.link_address,
-                tiers=[convert.tier_usage(name, t) for name, t in s.tiers.items()],
-            )
-            for s in node.sockets
-        ],
+        health_reason=node.error,
     )
+    if node.since_s is not None:
+        msg.health_since.CopyFrom(timestamp(node.since_s))
+    for s in node.sockets:
+        status = msg.sockets.add(
+            ref=convert.socket_ref(s.socket_id),
+            health=convert.health(s.healthy, s.dead),
+            current_job_id=s.job_id,
+            emulated_clock_ns=s.clock_ns,
+            link_address=s.link_address,
+            tiers=[convert.tier_usage(name, t) for name, t in s.tiers.items()],
+            health_reason=s.reason,
+            slowdown=s.slowdown,
+            incarnation=s.incarnation,
+        )
+        if s.since_s is not None:
+            status.health_since.CopyFrom(timestamp(s.since_s))
+    return msg

@@ -1,4 +1,5 @@
-"""rdurack.v1.JobService and rdurack.v1.RackService: the orchestrator on the wire.
+"""rdurack.v1.JobService and rdurack.v1.RackService: the orchestrator on the wire;
+`serve_api` serves them with AdminService.
 
 Who calls comes from the Authenticator (bearer tokens; open without a tokens file):
 a tenant submits jobs as its own and sees, watches and cancels only those (another
@@ -13,12 +14,15 @@ from collections.abc import Iterator
 
 import grpc
 
+from rdurack.orchestrator.fault_injector import FaultInjector
 from rdurack.orchestrator.orchestrator import Orchestrator
 from rdurack.rack.errors import InvalidRequest
 from rdurack.security.auth import Authenticator
 from rdurack.security.guard import Bounds
 from rdurack.security.tls import TlsConfig
 from rdurack.services import job_convert as jc
+from rdurack.services.admin_service import SERVICE as ADMIN_SERVICE
+from rdurack.services.admin_service import AdminService
 from rdurack.services.errors import rpc, rpc_stream
 from rdurack.services.grpc_server import Server
 from rdurack.v1 import job_pb2, job_pb2_grpc, rack_pb2, rack_pb2_grpc
@@ -172,18 +176,24 @@ def serve_api(
     orchestrator: Orchestrator,
     auth: Authenticator | None = None,
     *,
+    faults: FaultInjector | None = None,
     host: str = "127.0.0.1",
     port: int = 0,
     tls: TlsConfig | None = None,
     health_port: int | None = None,
 ) -> Server:
     """The orchestrator's public server: JobService and RackService with their bounds,
-    request size limit, tokens (`auth`) and TLS, as orchestrator_main runs it."""
+    request size limit, tokens (`auth`) and TLS, as orchestrator_main runs it; with
+    `faults`, AdminService too (admins only)."""
+    auth = auth or Authenticator.open()
+    services = [
+        (JOB_SERVICE, JobService(orchestrator, auth).add_to),
+        (RACK_SERVICE, RackService(orchestrator, auth).add_to),
+    ]
+    if faults is not None:
+        services.append((ADMIN_SERVICE, AdminService(faults, auth).add_to))
     return Server(
-        [
-            (JOB_SERVICE, JobService(orchestrator, auth).add_to),
-            (RACK_SERVICE, RackService(orchestrator, auth).add_to),
-        ],
+        services,
         host=host,
         port=port,
         tls=tls,

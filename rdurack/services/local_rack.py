@@ -17,7 +17,12 @@ Security: by default everything is plaintext on 127.0.0.1 and the API is open (a
 on this machine may submit jobs). `tls=True` makes a throwaway rack CA and member
 certificate in STATE_DIR/tls (security/certs.py): the orchestrator serves TLS, and node
 agents and links are mutual TLS among rack members. `tokens` (a tokens file) makes the
-orchestrator require bearer tokens.
+orchestrator require bearer tokens; an admin tenant's token then is what AdminService
+(fault injection, `rdu fault`) asks for. Open, anyone on this machine may inject faults.
+
+`restart_agent` is the local rack's supervisor: it starts a node agent that died (a
+KILL_AGENT fault) again, with the same arguments and port, so the orchestrator finds it
+at the address it knows.
 """
 
 from __future__ import annotations
@@ -89,9 +94,11 @@ class RackProcesses:
         access = (
             f"bearer tokens required (tokens file {self.tokens}; clients: --token)"
             if self.tokens
-            else "unauthenticated: anyone on this machine may submit and cancel jobs"
+            else "unauthenticated: anyone on this machine may submit, cancel and inject faults"
         )
         return f"{transport}; {access}"
+
+    args: dict[str, list[str]] = field(default_factory=dict)  # module arguments, by name
 
     @property
     def orchestrator(self) -> str:
@@ -105,16 +112,14 @@ class RackProcesses:
             "pids": self.pids,
             "addresses": self.addresses,
             "started_s": self.started_s,
+            "args": self.args,
             "logs": str(self.state_dir / "logs"),
             "tls_ca": self.tls_ca,
             "tokens": self.tokens,
         }
 
     def save(self) -> None:
-        path = self.state_dir / RACK_FILE
-        tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
-        tmp.replace(path)  # atomic: `down` never reads half a file
+        _write(self.state_dir, self.to_dict())
 
 
 # ------------------------------------------------------------------ starting
@@ -223,17 +228,21 @@ def up(
     on_ready: Callable[[str, str], None] | None = None,
     tls: bool = False,
     tokens: Path | None = None,
+    time_scale: float = 0.0,
 ) -> RackProcesses:
     """Start the Ray head, `nodes` node agents and the orchestrator; return when all
     serve. On failure, stop what was started and raise an RdurackError naming the
     process that failed, with the end of its log. `on_ready(name, address)` is called as
-    each becomes ready. `tls`, `tokens`: the module docstring."""
+    each becomes ready. `tls`, `tokens`: the module docstring. `time_scale`: the sockets'
+    pacing, wall s per emulated s (0: as fast as the machine allows)."""
     if nodes < 1 or sockets_per_node < 1:
         raise RdurackError("--nodes and --sockets-per-node must be at least 1")
     if not 0 <= port <= 65535:
         raise RdurackError(f"--port {port}: not a TCP port (0..65535)")
     if tokens is not None:
         load_tokens(tokens)  # a bad file is refused before anything starts
+    if not time_scale >= 0:
+        raise RdurackError(f"--time-scale {time_scale}: must be >= 0")
     state_dir.mkdir(parents=True, exist_ok=True)
     if live := live_pids(state_dir):
         names = ", ".join(f"{n} (pid {p})" for n, p in live.items())
@@ -261,8 +270,9 @@ def up(
     deadline = time.monotonic() + timeout_s
     procs: dict[str, subprocess.Popen[bytes]] = {}
 
-    def started(name: str, proc: subprocess.Popen[bytes]) -> None:
+    def started(name: str, proc: subprocess.Popen[bytes], args: list[str]) -> None:
         procs[name] = proc
+        rack.args[name] = args
         rack.pids[name] = proc.pid
         with contextlib.suppress(psutil.Error):
             rack.started_s[name] = psutil.Process(proc.pid).create_time()
@@ -276,15 +286,15 @@ def up(
         rack.save()
 
     try:
-        started("ray-head", _spawn("ray-head", "rdurack.services.ray_head", [], logs))
+        started("ray-head", _spawn("ray-head", "rdurack.services.ray_head", [], logs), [])
         ready(_await_ready({"ray-head": (procs["ray-head"], "ray-head")}, logs, deadline))
         agents: dict[str, tuple[subprocess.Popen[bytes], str]] = {}
         for i in range(nodes):
             name = f"node-agent-{i}"
             args = ["--node-index", str(i), "--ray-address", rack.addresses["ray-head"]]
             args += ["--host", host, "--port", "0", "--platform", DEFAULT_PLATFORM, *spec]
-            args += security
-            started(name, _spawn(name, "rdurack.services.node_agent_main", args, logs))
+            args += [*security, "--time-scale", f"{time_scale:g}"]
+            started(name, _spawn(name, "rdurack.services.node_agent_main", args, logs), args)
             agents[name] = (procs[name], f"node-agent {i}")
         ready(_await_ready(agents, logs, deadline))
         args = ["--host", host, "--port", str(port), "--state-dir", str(state_dir.resolve())]
@@ -293,7 +303,9 @@ def up(
         if tokens is not None:
             args += ["--tokens", rack.tokens]
         started(
-            "orchestrator", _spawn("orchestrator", "rdurack.services.orchestrator_main", args, logs)
+            "orchestrator",
+            _spawn("orchestrator", "rdurack.services.orchestrator_main", args, logs),
+            args,
         )
         ready(
             _await_ready({"orchestrator": (procs["orchestrator"], "orchestrator")}, logs, deadline)
@@ -302,6 +314,55 @@ def up(
         down(state_dir)
         raise
     return rack
+
+
+def restart_agent(state_dir: Path, node: int, timeout_s: float = 60) -> str:
+    """Start node agent `node` of the rack `up` recorded again, with its arguments and at
+    the address it served (the orchestrator reconnects there), if it is not running;
+    its address. Its previous log is kept as `node-agent-N.previous.log`."""
+    record = _read(state_dir)
+    if record is None:
+        raise RdurackError(f"no rack is up in {state_dir} (no {RACK_FILE})")
+    name = f"node-agent-{node}"
+    args = record.get("args", {}).get(name)
+    address = record.get("addresses", {}).get(name)
+    if not isinstance(args, list) or not isinstance(address, str):
+        raise RdurackError(f"{state_dir / RACK_FILE} has no {name} to restart")
+    if name in live_pids(state_dir):
+        return address
+    port = address.rsplit(":", 1)[1]
+    args = [*args[: args.index("--port") + 1], port, *args[args.index("--port") + 2 :]]
+    logs = state_dir / "logs"
+    log = logs / f"{name}.log"
+    if log.exists():
+        log.replace(logs / f"{name}.previous.log")
+    proc = _spawn(name, "rdurack.services.node_agent_main", args, logs)
+    record["pids"][name] = proc.pid
+    with contextlib.suppress(psutil.Error):
+        record.setdefault("started_s", {})[name] = psutil.Process(proc.pid).create_time()
+    _write(state_dir, record)
+    found = _await_ready({name: (proc, f"node-agent {node}")}, logs, time.monotonic() + timeout_s)
+    return found[name]
+
+
+def restart_dead_agents(state_dir: Path, timeout_s: float = 60) -> list[str]:
+    """Start again every node agent of the rack in `state_dir` that is not running (the
+    local rack's supervisor); their names. No rack there: none."""
+    record = _read(state_dir)
+    if record is None:
+        return []
+    live = live_pids(state_dir)
+    dead = [n for n in record["pids"] if n.startswith("node-agent-") and n not in live]
+    for name in dead:
+        restart_agent(state_dir, int(name.rsplit("-", 1)[1]), timeout_s)
+    return dead
+
+
+def _write(state_dir: Path, record: dict[str, Any]) -> None:
+    path = state_dir / RACK_FILE
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(record, indent=2) + "\n")
+    tmp.replace(path)  # atomic: `down` never reads half a file
 
 
 # ------------------------------------------------------------------ stopping

@@ -24,6 +24,7 @@ import argparse
 import logging
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import ray
@@ -75,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     setup.configure(f"rdurack-node-agent-{args.node_index}")
     start_ray(args.ray_address or None)
     agent.start()
-    service = NodeAgentService(agent)
+    service = NodeAgentService(agent, on_kill=_exit(args.node_index))
     server = Server(
         [(SERVICE, service.add_to)],
         host=args.host,
@@ -95,6 +96,21 @@ def main(argv: list[str] | None = None) -> int:
     ray.shutdown()
     setup.shutdown()
     return 0
+
+
+# The exit code of an agent ended by a KILL_AGENT fault (EX_SOFTWARE, sysexits.h).
+KILLED_EXIT_CODE = 70
+
+
+def _exit(node_index: int) -> Callable[[], None]:
+    """A KILL_AGENT fault: end the process at once, as a crash would (no clean-up, no
+    span export). Ray then ends the socket actors this process owned."""
+
+    def kill() -> None:
+        print(f"node-agent {node_index} killed by fault injection", file=sys.stderr, flush=True)
+        os._exit(KILLED_EXIT_CODE)
+
+    return kill
 
 
 if __name__ == "__main__":

@@ -2,25 +2,40 @@
 
 from __future__ import annotations
 
+import logging
+import threading
+from collections.abc import Callable
+
 import grpc
 from pydantic import ValidationError
 
 from rdurack.node_agent.agent import NodeAgent
 from rdurack.rack.errors import InvalidRequest
+from rdurack.rack.faults import FaultConflict, FaultKind
 from rdurack.rack.kernels import Phase
 from rdurack.rack.models import model
 from rdurack.services import convert, program_convert, training_convert
 from rdurack.services.errors import rpc
+from rdurack.services.fault_convert import fault_from_proto, fault_to_proto
 from rdurack.v1 import common_pb2, node_agent_pb2, node_agent_pb2_grpc, rack_pb2
 from rdurack.workloads.training.job import TrainingWorkload
 
 SERVICE = node_agent_pb2.DESCRIPTOR.services_by_name["NodeAgentService"].full_name
+# Seconds between answering a KILL_AGENT fault and ending the process, so the answer
+# leaves first.
+KILL_DELAY_S = 0.2
+log = logging.getLogger(__name__)
 
 
 class NodeAgentService(node_agent_pb2_grpc.NodeAgentServiceServicer):
-    def __init__(self, agent: NodeAgent, address: str = "") -> None:
+    def __init__(
+        self, agent: NodeAgent, address: str = "", on_kill: Callable[[], None] | None = None
+    ) -> None:
+        """`on_kill`: how a KILL_AGENT fault ends this agent (node_agent_main: the process
+        exits at once, taking its socket actors with it); None refuses the fault."""
         self.agent = agent
         self.address = address
+        self.on_kill = on_kill
 
     def add_to(self, server: grpc.Server) -> None:
         node_agent_pb2_grpc.add_NodeAgentServiceServicer_to_server(self, server)
@@ -167,6 +182,67 @@ class NodeAgentService(node_agent_pb2_grpc.NodeAgentServiceServicer):
         )
         return node_agent_pb2.RunTrainingResponse(
             ranks=[training_convert.report_to_proto(r) for r in reports]
+        )
+
+    # ------------------------------------------------------------------ faults
+
+    @rpc
+    def Heartbeat(
+        self, request: node_agent_pb2.HeartbeatRequest, context: grpc.ServicerContext
+    ) -> node_agent_pb2.HeartbeatResponse:
+        return node_agent_pb2.HeartbeatResponse(
+            node_index=self.agent.node_index,
+            incarnation=self.agent.incarnation,
+            sockets=[convert.socket_beat(h) for h in self.agent.heartbeat()],
+        )
+
+    @rpc
+    def AbortJob(
+        self, request: node_agent_pb2.AbortJobRequest, context: grpc.ServicerContext
+    ) -> node_agent_pb2.AbortJobResponse:
+        _require(request.job_id, "job_id")
+        _require(list(request.socket_ids), "socket_ids")
+        reason = request.reason or "aborted by the orchestrator"
+        aborted = self.agent.abort(request.job_id, list(request.socket_ids), reason)
+        return node_agent_pb2.AbortJobResponse(aborted_socket_ids=aborted)
+
+    @rpc
+    def InjectFault(
+        self, request: node_agent_pb2.InjectFaultRequest, context: grpc.ServicerContext
+    ) -> node_agent_pb2.InjectFaultResponse:
+        if not request.HasField("fault"):
+            raise InvalidRequest("fault: required")
+        fault = fault_from_proto(request.fault, self.agent.topology)
+        if fault.kind is not FaultKind.KILL_AGENT:
+            applied = self.agent.inject_fault(fault)
+            return node_agent_pb2.InjectFaultResponse(applied=applied)
+        if fault.nodes[0] != self.agent.node_index:
+            raise InvalidRequest(
+                f"fault.node_indices: this is node {self.agent.node_index}'s agent, "
+                f"not node {fault.nodes[0]}'s"
+            )
+        kill = self.on_kill
+        if kill is None:
+            raise FaultConflict("this agent has no process of its own to end (on_kill unset)")
+        log.warning("killed by fault %s: %s", fault.id, fault.describe())
+        threading.Timer(KILL_DELAY_S, kill).start()
+        return node_agent_pb2.InjectFaultResponse(applied=[fault.describe()])
+
+    @rpc
+    def ClearFaults(
+        self, request: node_agent_pb2.ClearFaultsRequest, context: grpc.ServicerContext
+    ) -> node_agent_pb2.ClearFaultsResponse:
+        cleared, restarted = self.agent.clear_faults(request.fault_id)
+        return node_agent_pb2.ClearFaultsResponse(
+            cleared=[fault_to_proto(f) for f in cleared], restarted_socket_ids=restarted
+        )
+
+    @rpc
+    def ListFaults(
+        self, request: node_agent_pb2.ListNodeFaultsRequest, context: grpc.ServicerContext
+    ) -> node_agent_pb2.ListNodeFaultsResponse:
+        return node_agent_pb2.ListNodeFaultsResponse(
+            faults=[fault_to_proto(f) for f in self.agent.faults()]
         )
 
 

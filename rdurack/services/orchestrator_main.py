@@ -36,6 +36,7 @@ import os
 import sys
 from pathlib import Path
 
+from rdurack.orchestrator.fault_injector import FaultInjector
 from rdurack.orchestrator.orchestrator import Orchestrator
 from rdurack.orchestrator.store import JobStore
 from rdurack.rack.errors import RdurackError
@@ -102,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"orchestrator: {e}", file=sys.stderr)
         return 2
     setup.configure("rdurack-orchestrator")
-    gateway = GrpcNodeGateway(agents, tls=tls)
+    gateway = GrpcNodeGateway(agents, tls=tls, platform=platform)
     checkpoints = args.checkpoint_dir or args.state_dir / "checkpoints"
     orchestrator = Orchestrator(
         store,
@@ -117,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         server = serve_api(
             orchestrator,
             auth,
+            faults=FaultInjector(gateway, platform),
             host=args.host,
             port=args.port,
             tls=tls,

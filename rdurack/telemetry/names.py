@@ -24,6 +24,10 @@ SPAN_NODE_TRAIN = "node_agent.train"  # a node agent driving its ranks' segment
 SPAN_TRAIN_STAGE = "rdu.train.stage"  # one stage of a rank's training (emulated timeline)
 SPAN_TRAIN_FREEZE = "rdu.train.freeze"  # a grown block frozen, the next moved in (emulated)
 
+# RPCs that get no span: the health watcher's heartbeats (several a second, forever)
+# would bury the traces of jobs.
+UNTRACED_METHODS = frozenset({"/rdurack.v1.NodeAgentService/Heartbeat"})
+
 # Instrumentation scope names (the tracer's name).
 TRACER_ORCHESTRATOR = "rdurack.orchestrator"
 TRACER_NODE_AGENT = "rdurack.node_agent"

@@ -74,8 +74,8 @@ class ServerTracing(grpc.ServerInterceptor):
 
     def intercept_service(self, continuation: Any, details: Any) -> Any:
         handler = continuation(details)
-        if handler is None:
-            return None
+        if handler is None or details.method in names.UNTRACED_METHODS:
+            return handler
         method: str = details.method
         metadata = {k: v for k, v in (details.invocation_metadata or ()) if isinstance(v, str)}
         tracer = self._tracer
@@ -177,6 +177,8 @@ class ClientTracing(
 
     def _call(self, continuation: Any, details: grpc.ClientCallDetails, request: Any) -> Any:
         method = str(details.method)
+        if method in names.UNTRACED_METHODS:
+            return continuation(details, request)
         span = self._tracer.start_span(
             method.lstrip("/"), kind=SpanKind.CLIENT, attributes=_rpc_attributes(method)
         )

@@ -17,6 +17,11 @@ that replica's queue is a batch longer than the shortest; otherwise to the repli
 the shortest queue. "random" picks a replica at random: the baseline cache-aware
 routing is measured against.
 
+A replica whose program fails with ReplicaFailed (on the rack: one of its sockets or
+its agent died) is dropped; its batch and its queue are re-routed to the replicas left,
+keeping their arrival times, so their latency shows the loss. With no replica left the
+job fails (ReplicaFailed, which the orchestrator retries by policy).
+
 Times are emulated ns inside the engine and seconds in the report.
 """
 
@@ -29,7 +34,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from rdurack.rack.errors import InvalidRequest, OutOfMemory
+from rdurack.rack.errors import InvalidRequest, LinkFailure, OutOfMemory
 from rdurack.rack.kernels import FusionPlan, Phase
 from rdurack.rack.models import ModelSpec
 from rdurack.rack.spec import PlatformSpec
@@ -37,6 +42,17 @@ from rdurack.workloads.bundle import kv_tokens_bytes
 from rdurack.workloads.coe_spec import CoeRequest, CoeWorkload
 from rdurack.workloads.predictor import Predictor, switch_time_s
 from rdurack.workloads.program import Deploy, Generate, Kernel, Op, OpRun, ProgramRun, Switch
+
+
+class ReplicaFailed(LinkFailure):
+    """A replica cannot serve any more (a socket of its TP group or its agent died)."""
+
+    def __init__(self, replica: int, reason: str) -> None:
+        self.replica, self.reason = replica, reason
+        super().__init__(f"replica {replica} failed: {reason}")
+
+    def __reduce__(self) -> tuple[type, tuple[int, str]]:
+        return (type(self), (self.replica, self.reason))
 
 
 class NodeExecutor(Protocol):
@@ -60,6 +76,7 @@ class RequestResult:
     hit: bool  # its expert was in HBM when its group started
     output_tokens: int
     tokens: list[int] = field(default_factory=list)  # functional mode: the generated tokens
+    rerouted: bool = False  # served here after its first replica failed
 
 
 @dataclass
@@ -84,6 +101,8 @@ class CoeReport:
     oom_reason: str = ""
     diagnostics: list[str] = field(default_factory=list)
     per_request: list[RequestResult] = field(default_factory=list)
+    rerouted_requests: int = 0  # served by another replica after theirs failed
+    failed_replicas: list[int] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -169,6 +188,8 @@ class CoeEngine:
         self._starved: list[tuple[int, int, int]] = []  # (group size, wave size, extra ns)
         self._router_ns = 0
         self._switches: list[tuple[str, OpRun]] = []  # (expert, its switch) on misses
+        self._failed: list[tuple[_Replica, str, int]] = []  # (replica, why, requests moved)
+        self._rerouted: set[int] = set()  # request indices
 
     # ------------------------------------------------------------------ the loop
 
@@ -190,8 +211,12 @@ class CoeEngine:
             else (),
         )
         try:
-            for replica in self._replicas:
-                run = self.executor.run(replica.index, [deploy], self.start_ns)
+            for replica in list(self._replicas):
+                try:
+                    run = self.executor.run(replica.index, [deploy], self.start_ns)
+                except ReplicaFailed as e:
+                    self._lose(replica, e, [])
+                    continue
                 replica.free_ns = run.end_ns
                 replica.kv_pool_bytes = run.kv_free_bytes
                 replica.resident = {self._index[n] for n in run.resident}
@@ -223,12 +248,31 @@ class CoeEngine:
                 and self.start_ns + replica.queue[0].arrival_ns <= t
             ):
                 batch.append(replica.pop())
-            done = self._run_batch(replica, t, batch)
+            try:
+                done = self._run_batch(replica, t, batch)
+            except ReplicaFailed as e:
+                moved = self._lose(replica, e, batch)
+                arrivals = deque(sorted([*moved, *arrivals], key=lambda r: (r.arrival_ns, r.index)))
+                continue
             results.extend(done)
             served.update(r.expert for r in batch)
             if self.progress is not None:
                 self.progress(len(results), len(requests), replica.free_ns - self.start_ns)
         return self._report(report, results, served)
+
+    def _lose(
+        self, replica: _Replica, error: ReplicaFailed, batch: list[CoeRequest]
+    ) -> list[CoeRequest]:
+        """Drop a failed replica; its batch and queue, to re-route (none left: raise)."""
+        self._replicas.remove(replica)
+        moved = [*batch, *replica.queue]
+        replica.queue.clear()
+        replica.queued.clear()
+        self._failed.append((replica, error.reason, len(moved)))
+        if not self._replicas:
+            raise error
+        self._rerouted.update(r.index for r in moved)
+        return moved
 
     def _dispatch(self, r: CoeRequest) -> _Replica:
         replicas = self._replicas
@@ -295,6 +339,7 @@ class CoeEngine:
                             hit=bool(sw.hit),
                             output_tokens=r.output_tokens,
                             tokens=tokens,
+                            rerouted=r.index in self._rerouted,
                         )
                     )
         self._router_ns += _duration(run.ops[0])
@@ -389,7 +434,8 @@ class CoeEngine:
         self, report: CoeReport, results: list[RequestResult], served: Counter[int]
     ) -> CoeReport:
         results.sort(key=lambda r: r.index)
-        end = max((n.free_ns for n in self._replicas), default=self.start_ns)
+        replicas = [*self._replicas, *(f[0] for f in self._failed)]
+        end = max((n.free_ns for n in replicas), default=self.start_ns)
         report.requests = len(results)
         report.emulated_s = (end - self.start_ns) * 1e-9
         report.tokens = sum(r.output_tokens for r in results)
@@ -409,10 +455,16 @@ class CoeEngine:
             report.mean_tpot_s = float(np.mean([r.tpot_s for r in results]))
         report.diagnostics = self._diagnostics(report, served)
         report.per_request = results
+        report.rerouted_requests = len(self._rerouted)
+        report.failed_replicas = sorted(f[0].index for f in self._failed)
         return report
 
     def _diagnostics(self, report: CoeReport, served: Counter[int]) -> list[str]:
-        out: list[str] = []
+        out: list[str] = [
+            f"replica {r.index} failed after emulated {(r.free_ns - self.start_ns) * 1e-9:.6g} s "
+            f"({why}); {moved} request(s) were re-routed to the replicas left"
+            for r, why, moved in self._failed
+        ]
         if not self._starved:
             return out
         extra_s = sum(e for _, _, e in self._starved) * 1e-9

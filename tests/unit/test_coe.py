@@ -20,7 +20,7 @@ from rdurack.rack.spec import Tier
 from rdurack.services import job_convert
 from rdurack.v1 import job_pb2
 from rdurack.workloads.bundle import BundleShare, PredictedReplicas
-from rdurack.workloads.coe import CoeEngine, CoeOutOfMemory, CoeReport
+from rdurack.workloads.coe import CoeEngine, CoeOutOfMemory, CoeReport, ReplicaFailed
 from rdurack.workloads.coe_spec import CoeWorkload, PoissonLoad, TraceRequest, build_requests
 from rdurack.workloads.predictor import CoeSetting, Predictor, predict_coe, switch_time_s
 from rdurack.workloads.program import Deploy, Generate, Kernel, Op, ProgramRun, Switch, combine
@@ -281,3 +281,51 @@ def test_a_bad_coe_spec_names_its_field() -> None:
     spec = job_pb2.JobSpec(coe_inference=job_pb2.CoeInferenceJob(batch_size=0, routing="fastest"))
     with pytest.raises(InvalidRequest, match=r"spec\.coe_inference\.routing"):
         job_convert.spec_from_proto(spec, "sn40l-rack16")
+
+
+# ------------------------------------------------------------------ a replica fails
+
+
+class FailingReplicas:
+    """PredictedReplicas whose replica `dies` fails from its `after`-th program on."""
+
+    def __init__(self, inner: PredictedReplicas, dies: int, after: int) -> None:
+        self.inner, self.dies, self.after = inner, dies, after
+        self.calls = 0
+
+    def run(self, replica: int, ops: Sequence[Op], start_ns: int) -> ProgramRun:
+        if replica == self.dies:
+            self.calls += 1
+            if self.calls > self.after:
+                raise ReplicaFailed(replica, "rdu-n1-s0 died")
+        return self.inner.run(replica, ops, start_ns)
+
+
+def test_a_failed_replicas_requests_are_rerouted_and_each_is_served_once() -> None:
+    w = CoeWorkload(num_experts=20, batch_size=4, poisson=PoissonLoad(requests=40, rate_per_s=400))
+    p = platform("sn40l-rack16")
+    router = Router.for_catalog(w.num_experts)
+    whole = engine_run(w, replicas=2)
+    executor = FailingReplicas(PredictedReplicas(p, MODELS, 8), dies=1, after=2)  # deploy + 1
+    report = CoeEngine(w, p, MODELS, router.names, executor, range(2)).run(
+        build_requests(w, router)
+    )
+    assert sorted(r.index for r in report.per_request) == list(range(40))  # none lost, none twice
+    assert report.failed_replicas == [1]
+    moved = [r for r in report.per_request if r.rerouted]
+    assert report.rerouted_requests == len(moved) > 0
+    assert all(r.replica == 0 for r in moved)  # served by the replica left
+    served_by_1 = [r for r in report.per_request if r.replica == 1]
+    assert served_by_1 and not any(r.rerouted for r in served_by_1)  # its first batch stands
+    assert any("replica 1 failed" in d and "re-routed" in d for d in report.diagnostics)
+    # One replica does the rest: the job takes longer than with both.
+    assert report.emulated_s > whole.emulated_s
+
+
+def test_the_last_replica_failing_fails_the_job() -> None:
+    w = CoeWorkload(num_experts=10, batch_size=4, poisson=PoissonLoad(requests=8, rate_per_s=400))
+    p = platform("sn40l-node")
+    router = Router.for_catalog(w.num_experts)
+    executor = FailingReplicas(PredictedReplicas(p, MODELS, 8), dies=0, after=1)
+    with pytest.raises(ReplicaFailed, match="rdu-n1-s0 died"):
+        CoeEngine(w, p, MODELS, router.names, executor, range(1)).run(build_requests(w, router))

@@ -352,3 +352,13 @@ def test_mailbox_take_wakes_when_the_message_arrives() -> None:
     finally:
         timer.cancel()
     assert box.take("t", 4, A, 0.1).step == 4
+
+
+def test_mailbox_abort_fails_waits_until_reset() -> None:
+    box = Mailbox("rdu-n0-s0")
+    box.abort("rdu-n0-s1 died")
+    with pytest.raises(LinkFailure, match=r"stopped waiting for rdu-n0-s1.*rdu-n0-s1 died"):
+        box.take("t", 0, "rdu-n0-s1", timeout_s=30)
+    box.reset()
+    box.put(Message("rdu-n0-s1", "t", 0, 1, 0, None, "", ()))
+    assert box.take("t", 0, "rdu-n0-s1", timeout_s=1).arrival_ns == 1

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from rdurack.orchestrator.gateway import KernelRun, NodeView, SocketView
+from rdurack.orchestrator.gateway import KernelRun, NodeBeat, NodeView, SocketBeat, SocketView
 from rdurack.orchestrator.jobs import IllegalTransition, JobSpec, JobState, KernelWorkload
 from rdurack.orchestrator.orchestrator import Orchestrator
 from rdurack.orchestrator.store import JobStore
@@ -22,6 +22,7 @@ from rdurack.rack.errors import (
     RdurackError,
     SocketBusy,
 )
+from rdurack.rack.faults import Fault
 from rdurack.rack.kernels import Phase
 from rdurack.rack.models import builtin_models
 from rdurack.rack.presets import platform
@@ -38,7 +39,9 @@ STEP_NS = 1_000
 
 
 class FakeGateway:
-    """Two healthy nodes; a kernel step takes STEP_NS; runs can be held or made to fail."""
+    """Two healthy nodes; a kernel step takes STEP_NS; runs can be held or made to fail.
+    Sockets can die (`dead`) and agents go silent (`silent`); a held run on an aborted
+    job fails at once, as a real one does."""
 
     def __init__(self) -> None:
         self.held: dict[str, str] = {}  # socket -> job
@@ -49,22 +52,71 @@ class FakeGateway:
         self.lock = threading.Lock()
         self.max_running = 0
         self.programs: dict[tuple[str, tuple[str, ...]], PredictedReplicas] = {}
+        self.dead: set[str] = set()  # sockets whose actor died
+        self.silent: set[int] = set()  # nodes whose agent does not answer
+        self.incarnation = {n: f"agent-{n}" for n in range(RACK.nodes)}
+        self.aborted: dict[str, str] = {}  # job -> reason, until the job releases
+        self.abort_log: list[tuple[str, str]] = []  # (job, reason) of every abort
+        self.in_force: dict[int, dict[str, Fault]] = {n: {} for n in range(RACK.nodes)}
+        # A call on a dead socket fails at once (as Ray's does); False: it waits, as a
+        # survivor waiting for the dead one's messages does, until aborted.
+        self.dead_fails_at_once = True
+        self.fail_node: int | None = None  # this node's part of every run fails at once
 
     def nodes(self) -> list[NodeView]:
         with self.lock:
             return [
-                NodeView(
+                NodeView(n, f"fake:{n}", False, (), "unreachable")
+                if n in self.silent
+                else NodeView(
                     n,
                     f"fake:{n}",
-                    True,
+                    not any(s.startswith(f"rdu-n{n}-") for s in self.dead),
                     tuple(
-                        SocketView(s, n, True, self.held.get(s, ""), self.clock[s])
+                        SocketView(s, n, s not in self.dead, self.held.get(s, ""), self.clock[s])
                         for s in self.clock
                         if s.startswith(f"rdu-n{n}-")
                     ),
                 )
                 for n in range(RACK.nodes)
             ]
+
+    def heartbeat(self, node: int, timeout_s: float) -> NodeBeat:
+        with self.lock:
+            if node in self.silent:
+                raise LinkFailure(f"node {node} (fake:{node}): heartbeat: connection refused")
+            return NodeBeat(
+                node,
+                self.incarnation[node],
+                tuple(
+                    SocketBeat(s, "dead", error="killed")
+                    if s in self.dead
+                    else SocketBeat(s, "healthy", self.held.get(s, ""), clock_ns=self.clock[s])
+                    for s in self.clock
+                    if s.startswith(f"rdu-n{node}-")
+                ),
+            )
+
+    def abort(self, node: int, job_id: str, sockets: Sequence[str], reason: str) -> None:
+        with self.lock:
+            self.aborted[job_id] = reason
+            self.abort_log.append((job_id, reason))
+
+    def inject_fault(self, node: int, fault: Fault) -> None:
+        with self.lock:
+            self.in_force[node][fault.id] = fault
+
+    def clear_faults(self, node: int, fault_id: str) -> tuple[list[Fault], list[str]]:
+        with self.lock:
+            faults = self.in_force[node]
+            ids = [fault_id] if fault_id in faults else [] if fault_id else list(faults)
+            return [faults.pop(i) for i in ids], []
+
+    def faults(self, node: int) -> list[Fault]:
+        with self.lock:
+            if node in self.silent:
+                raise LinkFailure(f"node {node}: unreachable")
+            return list(self.in_force[node].values())
 
     def reserve(self, node: int, job_id: str, sockets: Sequence[str]) -> None:
         with self.lock:
@@ -75,6 +127,7 @@ class FakeGateway:
 
     def release(self, node: int, job_id: str, sockets: Sequence[str]) -> None:
         with self.lock:
+            self.aborted.pop(job_id, None)  # as a socket's mailbox: over with the run
             for s in sockets:
                 if self.held.get(s) == job_id:
                     del self.held[s]
@@ -90,7 +143,9 @@ class FakeGateway:
     ) -> list[KernelRun]:
         with self.lock:
             self.max_running = max(self.max_running, len(set(self.held.values())))
-        assert self.gate.wait(timeout=10)
+        if node == self.fail_node:
+            raise LinkFailure(f"node {node}: link down")
+        self._wait_gate(node, job_id, sockets)
         error = self.fail(job_id)
         if error is not None:
             raise error
@@ -100,10 +155,27 @@ class FakeGateway:
                 self.clock[s] = end
         return [KernelRun(s, start_ns, end, 3 * steps, 1_000 * steps) for s in sockets]
 
+    def _wait_gate(self, node: int, job_id: str, sockets: Sequence[str]) -> None:
+        """Hold a run while the gate is closed; fail it once aborted, or at once on a
+        dead socket (`dead_fails_at_once`) or a silent node."""
+        deadline = time.monotonic() + 10
+        while True:
+            with self.lock:
+                if job_id in self.aborted:
+                    raise LinkFailure(f"aborted: {self.aborted[job_id]}")
+                dead = self.dead_fails_at_once and set(sockets) & self.dead
+                if dead or node in self.silent:
+                    raise LinkFailure(f"node {node}: a socket actor of {job_id} is dead")
+            if self.gate.wait(timeout=0.01):
+                return
+            assert time.monotonic() < deadline, "the gate stayed closed"
+
     def run_program(
         self, node: int, job_id: str, sockets: Sequence[str], ops: Sequence[Op], start_ns: int
     ) -> list[ProgramRun]:
-        """Every socket of a TP group does the same: one predicted socket speaks for it."""
+        """Every socket of a TP group does the same: one predicted socket speaks for it.
+        A program on a dead socket or a silent node fails, as on the rack."""
+        self._wait_gate(node, job_id, sockets)
         replicas = self.programs.setdefault(
             (job_id, tuple(sockets)), PredictedReplicas(self.platform_of(ops), MODELS, len(sockets))
         )

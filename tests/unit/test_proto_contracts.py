@@ -11,7 +11,10 @@ from google.protobuf import descriptor_pb2
 from google.protobuf.descriptor import FileDescriptor
 
 from rdurack.v1 import (
+    admin_pb2,
+    admin_pb2_grpc,
     common_pb2,
+    fault_pb2,
     job_pb2,
     job_pb2_grpc,
     link_pb2,
@@ -28,6 +31,8 @@ FILES: dict[str, FileDescriptor] = {
     "rack": rack_pb2.DESCRIPTOR,
     "node_agent": node_agent_pb2.DESCRIPTOR,
     "link": link_pb2.DESCRIPTOR,
+    "fault": fault_pb2.DESCRIPTOR,
+    "admin": admin_pb2.DESCRIPTOR,
 }
 
 # file -> service -> method -> (client streaming, server streaming)
@@ -58,6 +63,24 @@ SERVICES: dict[str, dict[str, dict[str, tuple[bool, bool]]]] = {
             "Collective": (False, False),
             "RunProgram": (False, False),
             "RunTraining": (False, False),
+            "Heartbeat": (False, False),
+            "AbortJob": (False, False),
+            "InjectFault": (False, False),
+            "ClearFaults": (False, False),
+            "ListFaults": (False, False),
+        },
+    },
+    "fault": {},
+    "admin": {
+        "AdminService": {
+            "KillSocket": (False, False),
+            "KillAgent": (False, False),
+            "SlowSocket": (False, False),
+            "DropLink": (False, False),
+            "DelayLink": (False, False),
+            "Partition": (False, False),
+            "Heal": (False, False),
+            "ListFaults": (False, False),
         },
     },
     "link": {
@@ -99,6 +122,7 @@ def test_grpc_modules_expose_stubs_servicers_and_registration() -> None:
         (rack_pb2_grpc.RackServiceServicer, SERVICES["rack"]["RackService"]),
         (node_agent_pb2_grpc.NodeAgentServiceServicer, SERVICES["node_agent"]["NodeAgentService"]),
         (link_pb2_grpc.LinkServiceServicer, SERVICES["link"]["LinkService"]),
+        (admin_pb2_grpc.AdminServiceServicer, SERVICES["admin"]["AdminService"]),
     ]:
         for method in service:
             assert callable(getattr(servicer, method)), (servicer.__name__, method)

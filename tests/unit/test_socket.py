@@ -228,3 +228,82 @@ def test_pacing_follows_emulated_time() -> None:
         s.close()
     with pytest.raises(InvalidRequest):
         Socket("rdu-n0-s0", RACK, time_scale=-1)
+
+
+def test_a_delayed_link_adds_its_latency_to_each_transfer_and_nothing_else(
+    sockets: dict[str, Socket],
+) -> None:
+    """Two rails at once, one delayed: their transfers differ by the delay exactly."""
+
+    def both(tag: str) -> dict[str, Run]:
+        def send(s: Socket) -> Run:
+            pair = [s.name.replace("n1", "n0"), s.name.replace("n0", "n1")]
+            return s.collective(JOB, "send", tag, pair, nbytes=1 << 20, dtype="uint8")
+
+        return together(sockets, send)
+
+    sockets["rdu-n0-s0"].set_link_delay("rdu-n1-s0", 250_000)
+    runs = both("a")
+    assert runs["rdu-n1-s0"].duration_ns - runs["rdu-n1-s1"].duration_ns == 250_000
+    sockets["rdu-n0-s0"].set_link_delay("rdu-n1-s0", 0)
+    runs = both("b")
+    # Undelayed, rail 0's second transfer arrives when rail 1's does (same clocks, same
+    # links), before rail 0's receiver clock, which the first delay had moved ahead.
+    assert runs["rdu-n1-s1"].end_ns < runs["rdu-n1-s0"].start_ns
+    assert runs["rdu-n1-s0"].end_ns == runs["rdu-n1-s0"].start_ns  # still delayed: 250 us later
+    with pytest.raises(InvalidRequest, match=">= 0"):
+        sockets["rdu-n0-s0"].set_link_delay("rdu-n1-s0", -1)
+
+
+def test_an_abort_ends_a_wait_for_a_dead_peer_at_once(sockets: dict[str, Socket]) -> None:
+    """A survivor waiting for a peer's message (the peer died: it never sends) returns as
+    soon as it is aborted, naming why, instead of after its link timeout."""
+    waiter = sockets["rdu-n0-s0"]
+    waiter.timeout_s = 60.0
+    with ThreadPoolExecutor(1) as pool:
+        started = time.monotonic()
+        future = pool.submit(
+            waiter.collective, JOB, "send", "t", ["rdu-n0-s1", "rdu-n0-s0"], nbytes=8
+        )
+        time.sleep(0.2)  # it is waiting for rdu-n0-s1's message
+        assert not future.done()
+        assert not waiter.abort("another-job", "no")  # not its job: nothing happens
+        assert waiter.abort(JOB, "rdu-n0-s1 died")
+        error = future.exception(timeout=10)
+    assert isinstance(error, LinkFailure) and "rdu-n0-s1 died" in str(error)
+    assert time.monotonic() - started < 30  # far below the 60 s it would have waited
+    beat = waiter.heartbeat()
+    assert (beat.job_id, beat.slowdown, beat.tiers) == (JOB, 1.0, {})
+    # A new job on the socket waits normally again.
+    waiter.release(JOB)
+    waiter.reserve("job-2")
+    sockets["rdu-n0-s1"].release(JOB)
+    sockets["rdu-n0-s1"].reserve("job-2")
+    pair = {sid: sockets[sid] for sid in ("rdu-n0-s0", "rdu-n0-s1")}
+    together(pair, lambda s: s.collective("job-2", "send", "u", list(pair), nbytes=8))
+
+
+def test_a_restarted_socket_continues_its_predecessors_clock() -> None:
+    s = Socket("rdu-n0-s0", RACK, clock_ns=123_456)
+    try:
+        assert s.clock.now_ns == 123_456 and s.heartbeat().clock_ns == 123_456
+    finally:
+        s.close()
+
+
+def test_pacing_does_not_make_up_the_jump_to_a_jobs_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A job starts at the latest clock of its sockets; a socket whose clock was behind
+    jumps there idle, and only the work after the jump is paced."""
+    slept: list[float] = []
+    monkeypatch.setattr("rdurack.node_agent.socket.time.sleep", slept.append)
+    s = Socket("rdu-n0-s0", RACK, time_scale=2.0)
+    try:
+        s.reserve(JOB)
+        run = s.run_kernel(
+            JOB, model("llama2-7b"), Phase.DECODE, FusionPlan.KERNEL_LOOPED, 1, 1024, 8,
+            steps=10, start_ns=30 * 10**9,
+        )  # fmt: skip
+        assert run.start_ns == 30 * 10**9
+        assert sum(slept) == pytest.approx(2.0 * run.duration_ns * 1e-9, abs=0.05)
+    finally:
+        s.close()
