@@ -5,7 +5,9 @@ The data plane between emulated sockets. A transfer is one gRPC call: a unary `D
 DELIVER_MAX_BYTES, else a client-streaming `Transfer` (a TransferHeader, then the payload
 in CHUNK_BYTES slices); link.proto says why both exist. The receiving server checks both
 alike and puts the transfer in the socket's Mailbox, where the socket's own thread takes
-it by (collective tag, step, sender).
+it by (collective tag, step, sender). The messages are the generated ones on the wire,
+but written and read by link_wire: the payload is copied once on each side by Python
+(and once more by gRPC itself), and arrives as views of the received chunks.
 
 Emulated time never depends on the wire: the sender prices the transfer with its own
 link model and stamps the arrival (ns) in the header; the receiver's clock moves to it
@@ -30,9 +32,10 @@ from typing import NoReturn
 
 import grpc
 
-from rdurack.node_agent.mailbox import Mailbox, Message
+from rdurack.node_agent import link_wire
+from rdurack.node_agent.mailbox import Buffer, Mailbox, Message
 from rdurack.rack.errors import InvalidRequest, LinkFailure
-from rdurack.v1 import link_pb2, link_pb2_grpc
+from rdurack.v1 import link_pb2
 
 # Data bytes per stream message (1 MiB). Streaming in chunks bounds the memory each
 # in-flight message needs on both ends (one chunk, not the whole tensor, per protobuf
@@ -41,14 +44,16 @@ from rdurack.v1 import link_pb2, link_pb2_grpc
 # measured best for a 64 MB transfer between two processes (2 cores, GB/s over runs):
 # 256 KiB 0.55-0.74, 512 KiB 0.56-0.77, 1 MiB 0.56-0.84, 2 MiB 0.39-0.60, 4 MiB 0.48-0.66.
 CHUNK_BYTES = 1 << 20
-# Largest payload sent as one unary Deliver (128 KiB); timing-only transfers always go
-# that way, larger payloads stream through Transfer. Unary saves the request-iterator
-# thread a client stream costs per call (timing-only: about half the sender CPU), but
-# a big unary message costs the sender more CPU than the same bytes as header + chunk on
-# a stream (separate processes, 2 cores, µs per call wall / sender CPU): 128 KiB unary
-# 800/480 vs stream 940/670; 256 KiB 1430/810 vs 1210/640; 1 MiB 4530/2770 vs 3060/1160.
-# Hence a cut far below CHUNK_BYTES.
-DELIVER_MAX_BYTES = 128 << 10
+# Largest payload sent as one unary Deliver (one chunk, 1 MiB); timing-only transfers
+# always go that way, larger payloads stream through Transfer. Unary saves the
+# request-iterator thread a client stream costs per call and the stream's extra
+# messages. With link_wire's encoders (one copy of the payload per message) a unary
+# message of up to a chunk costs less than the same bytes as header + chunk on a stream
+# (separate processes, 2 cores under load, µs per call wall / sender CPU / receiver
+# CPU, medians of 3 x 100 calls): 128 KiB unary 808/286/464 vs stream 1696/620/634;
+# 1 MiB 1801/922/760 vs 2606/866/1065. A ring all-reduce of 16 MB over 16 sockets
+# moves 1 MB per transfer, so it takes this path.
+DELIVER_MAX_BYTES = CHUNK_BYTES
 # Largest single gRPC message allowed on server and channels (64 MiB). Chunks stay far
 # below it; the limit is raised above gRPC's 4 MB default anyway (DESIGN.md conventions)
 # so a header with a long shape or a future larger chunk size is not refused.
@@ -70,6 +75,10 @@ _SERVER_OPTIONS: tuple[tuple[str, int], ...] = (*_SIZE_OPTIONS, ("grpc.so_reusep
 # Bounded so a long-running socket's memory does not grow; a duplicate only comes from a
 # retry, which follows its original within far fewer transfers than this.
 _RECENT_TRANSFER_IDS = 4096
+# Full name of the service, as its method paths spell it.
+SERVICE = link_pb2.DESCRIPTOR.services_by_name["LinkService"].full_name
+# End of a request stream, for `next`'s default (None is an empty chunk).
+_END = object()
 # Largest collective_step the header's uint32 field holds.
 _MAX_STEP = (1 << 32) - 1
 # Largest value the header's uint64 fields (bytes, ns) hold.
@@ -119,7 +128,7 @@ class LinkEndpoint:
         # send_all's threads and the caller's thread use them concurrently.
         self._lock = threading.Lock()
         self._peers: dict[str, str] = {}  # peer socket id -> "host:port"
-        self._channels: dict[str, tuple[grpc.Channel, link_pb2_grpc.LinkServiceStub]] = {}
+        self._channels: dict[str, tuple[grpc.Channel, _LinkStub]] = {}
         self._down: set[str] = set()  # peers whose link from here is marked down
         self._ids = itertools.count()
         self._closed = False
@@ -132,7 +141,7 @@ class LinkEndpoint:
             max_workers=workers, thread_name_prefix=f"{socket_id}-link"
         )
         self._server = grpc.server(self._server_pool, options=list(_SERVER_OPTIONS))
-        link_pb2_grpc.add_LinkServiceServicer_to_server(_LinkServicer(self), self._server)
+        self._server.add_generic_rpc_handlers((_handlers(_LinkServicer(self)),))
         try:
             bound = int(self._server.add_insecure_port(f"{host}:{port}"))
         except RuntimeError:  # grpc >= 1.5x raises; older versions return 0
@@ -292,16 +301,14 @@ class LinkEndpoint:
         try:
             if data is None or len(data) <= DELIVER_MAX_BYTES:
                 # One message: the unary call, no request-iterator thread (link.proto).
-                payload = b"" if data is None else bytes(data)  # protobuf takes only bytes
-                request = link_pb2.Delivery(header=header, data=payload)
-                ack = stub.Deliver(request, timeout=timeout_s)
+                ack = stub.deliver(link_wire.encode_delivery(header, data), timeout=timeout_s)
             else:
-                ack = stub.Transfer(_chunks(header, data), timeout=timeout_s)
+                ack = stub.transfer(_chunks(header, data), timeout=timeout_s)
         except grpc.RpcError as e:
             raise LinkFailure(_rpc_failure(what, e, t.dst, address, timeout_s)) from None
         return int(ack.bytes_received)
 
-    def _stub_locked(self, dst: str) -> link_pb2_grpc.LinkServiceStub:
+    def _stub_locked(self, dst: str) -> _LinkStub:
         """The reused stub for `dst`; call with self._lock held."""
         entry = self._channels.get(dst)
         if entry is None:
@@ -313,7 +320,7 @@ class LinkEndpoint:
                     f"known peers: {known}"
                 )
             channel = grpc.insecure_channel(address, options=list(_SIZE_OPTIONS))
-            entry = (channel, link_pb2_grpc.LinkServiceStub(channel))
+            entry = (channel, _LinkStub(channel))
             self._channels[dst] = entry
         return entry[1]
 
@@ -335,7 +342,7 @@ class LinkEndpoint:
             stub = self._stub_locked(dst)
             address = self._peers[dst]
         try:
-            reply = stub.Ping(link_pb2.PingRequest(src_socket_id=self.socket_id), timeout=timeout_s)
+            reply = stub.ping(link_pb2.PingRequest(src_socket_id=self.socket_id), timeout=timeout_s)
         except grpc.RpcError as e:
             raise LinkFailure(_rpc_failure(what, e, dst, address, timeout_s)) from None
         return str(reply.socket_id), int(reply.emulated_clock_ns)
@@ -376,7 +383,52 @@ class LinkEndpoint:
             return True
 
 
-class _LinkServicer(link_pb2_grpc.LinkServiceServicer):
+class _LinkStub:
+    """LinkService's calls, with requests encoded by link_wire (already bytes: no
+    serializer) and the generated classes for everything small."""
+
+    def __init__(self, channel: grpc.Channel) -> None:
+        self.transfer: grpc.StreamUnaryMultiCallable[bytes, link_pb2.TransferAck]
+        self.transfer = channel.stream_unary(
+            f"/{SERVICE}/Transfer", response_deserializer=link_pb2.TransferAck.FromString
+        )
+        self.deliver: grpc.UnaryUnaryMultiCallable[bytes, link_pb2.TransferAck]
+        self.deliver = channel.unary_unary(
+            f"/{SERVICE}/Deliver", response_deserializer=link_pb2.TransferAck.FromString
+        )
+        self.ping = channel.unary_unary(
+            f"/{SERVICE}/Ping",
+            request_serializer=link_pb2.PingRequest.SerializeToString,
+            response_deserializer=link_pb2.PingResponse.FromString,
+        )
+
+
+def _handlers(servicer: _LinkServicer) -> grpc.GenericRpcHandler:
+    """The servicer's methods as a gRPC handler, requests decoded by link_wire."""
+    ack = link_pb2.TransferAck.SerializeToString
+    return grpc.method_handlers_generic_handler(
+        SERVICE,
+        {
+            "Transfer": grpc.stream_unary_rpc_method_handler(
+                servicer.Transfer,
+                request_deserializer=link_wire.decode_chunk,
+                response_serializer=ack,
+            ),
+            "Deliver": grpc.unary_unary_rpc_method_handler(
+                servicer.Deliver,
+                request_deserializer=link_wire.decode_delivery,
+                response_serializer=ack,
+            ),
+            "Ping": grpc.unary_unary_rpc_method_handler(
+                servicer.Ping,
+                request_deserializer=link_pb2.PingRequest.FromString,
+                response_serializer=link_pb2.PingResponse.SerializeToString,
+            ),
+        },
+    )
+
+
+class _LinkServicer:
     """LinkService of one endpoint; runs on the gRPC server's threads."""
 
     def __init__(self, endpoint: LinkEndpoint) -> None:
@@ -384,57 +436,45 @@ class _LinkServicer(link_pb2_grpc.LinkServiceServicer):
 
     def Transfer(  # noqa: N802 (gRPC method name)
         self,
-        request_iterator: Iterator[link_pb2.TransferChunk],
+        request_iterator: Iterator[link_wire.Chunk],
         context: grpc.ServicerContext,
     ) -> link_pb2.TransferAck:
         me = self._endpoint.socket_id
         invalid = grpc.StatusCode.INVALID_ARGUMENT
-        first = next(request_iterator, None)
-        kind = None if first is None else first.WhichOneof("chunk")
-        if first is None or kind != "header":
-            got = "an empty stream" if first is None else f"a {kind or 'empty'} chunk"
+        first = next(request_iterator, _END)
+        if not isinstance(first, link_pb2.TransferHeader):
+            got = {_END: "an empty stream", None: "an empty chunk"}.get(first, "a data chunk")
             _abort(context, invalid, f"{me}: the first chunk must be a header, got {got}")
-        h = first.header
+        h = first
         self._admit(h, context)
         total = h.total_bytes
-        buf: bytearray | None = None
-        if not h.timing_only:
-            try:
-                buf = bytearray(total)  # one allocation; chunks are copied into place
-            except MemoryError:
-                _abort(
-                    context,
-                    grpc.StatusCode.RESOURCE_EXHAUSTED,
-                    f"{me}: cannot hold a {total:,}-byte transfer from {h.src_socket_id}",
-                )
+        # The chunks are kept as gRPC handed them over (views, no copy): the consumer
+        # reads them in order (Message.parts).
+        parts: list[memoryview | bytes] = []
         received = 0
         for chunk in request_iterator:
-            if chunk.WhichOneof("chunk") == "header":
+            if isinstance(chunk, link_pb2.TransferHeader):
                 _abort(context, invalid, f"{me}: a header repeated after the first chunk")
-            data = chunk.data  # read once: each read of a bytes field is a fresh copy
-            n = len(data)
-            if buf is None:
-                if n:
-                    self._check_size(h, n, context)  # aborts: timing-only with data
+            if not chunk:  # None (an empty chunk) or no bytes
                 continue
-            if received + n > total:
-                self._check_size(h, received + n, context)  # aborts: more than declared
-            buf[received : received + n] = data
+            n = len(chunk)
+            if h.timing_only or received + n > total:
+                self._check_size(h, received + n, context)  # aborts: data not declared
+            parts.append(chunk)
             received += n
-        if buf is not None:
+        if not h.timing_only:
             self._check_size(h, received, context)
-        # The bytearray itself becomes the payload: no final copy of the whole transfer.
-        return self._store(h, buf, received, context)
+        return self._store(h, None if h.timing_only else tuple(parts), received, context)
 
     def Deliver(  # noqa: N802 (gRPC method name)
-        self, request: link_pb2.Delivery, context: grpc.ServicerContext
+        self, request: link_wire.Delivered, context: grpc.ServicerContext
     ) -> link_pb2.TransferAck:
         h = request.header
         self._admit(h, context)
-        data = request.data  # read once: each read of a bytes field is a fresh copy
+        data = request.data
         self._check_size(h, len(data), context)
-        # The request's bytes are the payload as they are: no copy.
-        return self._store(h, None if h.timing_only else data, len(data), context)
+        # The request's bytes are the payload as they came (a view: no copy).
+        return self._store(h, None if h.timing_only else (data,), len(data), context)
 
     # Shared by Transfer and Deliver: the checks before any data is accepted, the size
     # check after, and the hand-over to the mailbox with its acknowledgement.
@@ -489,7 +529,7 @@ class _LinkServicer(link_pb2_grpc.LinkServiceServicer):
     def _store(
         self,
         h: link_pb2.TransferHeader,
-        payload: bytes | bytearray | None,
+        parts: tuple[Buffer, ...] | None,
         received: int,
         context: grpc.ServicerContext,
     ) -> link_pb2.TransferAck:
@@ -501,7 +541,7 @@ class _LinkServicer(link_pb2_grpc.LinkServiceServicer):
             step=h.collective_step,
             arrival_ns=h.emulated_arrival_ns,
             nbytes=h.total_bytes,
-            payload=payload,
+            parts=parts,
             dtype=h.dtype,
             shape=tuple(h.shape),
         )
@@ -527,18 +567,14 @@ class _LinkServicer(link_pb2_grpc.LinkServiceServicer):
         return link_pb2.PingResponse(socket_id=me, emulated_clock_ns=now_ns)
 
 
-def _chunks(
-    header: link_pb2.TransferHeader, data: memoryview | None
-) -> Iterator[link_pb2.TransferChunk]:
-    """The request stream: the header, then the payload in CHUNK_BYTES slices.
+def _chunks(header: link_pb2.TransferHeader, data: memoryview) -> Iterator[bytes]:
+    """The request stream, encoded: the header, then the payload in CHUNK_BYTES slices.
 
-    Slicing the memoryview copies nothing; protobuf's bytes field accepts only bytes, so
-    each slice is copied once (1 MiB at a time), never the whole payload up front."""
-    yield link_pb2.TransferChunk(header=header)
-    if data is None:
-        return
+    Slicing the memoryview copies nothing; each chunk's encoding copies its slice once
+    (1 MiB at a time), never the whole payload up front."""
+    yield link_wire.encode_header_chunk(header)
     for offset in range(0, len(data), CHUNK_BYTES):
-        yield link_pb2.TransferChunk(data=bytes(data[offset : offset + CHUNK_BYTES]))
+        yield link_wire.encode_data_chunk(data[offset : offset + CHUNK_BYTES])
 
 
 def _rpc_failure(what: str, e: grpc.RpcError, dst: str, address: str, timeout_s: float) -> str:

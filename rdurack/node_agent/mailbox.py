@@ -16,6 +16,8 @@ from rdurack.rack.errors import InvalidRequest, LinkFailure
 
 # (collective tag, collective step, sending socket id): one message per key.
 Key = tuple[str, int, str]
+# What received data comes in; np.frombuffer takes any of them.
+Buffer = bytes | bytearray | memoryview
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,11 +29,20 @@ class Message:
     step: int  # step within the collective
     arrival_ns: int  # emulated arrival computed by the sender's link model, ns
     nbytes: int  # declared size, bytes (what the link model charged)
-    # The data (read-only by convention; np.frombuffer takes either type); None for a
-    # timing-only transfer.
-    payload: bytes | bytearray | None
+    # The data in the pieces it arrived in, in order (read-only by convention; views
+    # into the bytes gRPC received, not copies); None for a timing-only transfer.
+    parts: tuple[Buffer, ...] | None
     dtype: str  # numpy dtype name of the payload, "" when none
     shape: tuple[int, ...]  # elements per dimension; () when none
+
+    @property
+    def payload(self) -> Buffer | None:
+        """The data as one buffer: the only part as it is, several joined (a copy)."""
+        if self.parts is None:
+            return None
+        if len(self.parts) == 1:
+            return self.parts[0]
+        return b"".join(self.parts)
 
 
 class Mailbox:

@@ -22,6 +22,7 @@ from opentelemetry import trace
 from opentelemetry.util.types import AttributeValue
 
 from rdurack.node_agent.link_server import LinkEndpoint, OutgoingTransfer
+from rdurack.node_agent.mailbox import Message
 from rdurack.node_agent.rank import RankRunner
 from rdurack.rack.clock import EmulatedClock
 from rdurack.rack.collectives import (
@@ -637,13 +638,8 @@ class Socket:
                 msg = self._endpoint.receive(tag, index, str(s.src), self.timeout_s)
                 self.clock.advance_to(msg.arrival_ns)
                 received += s.nbytes
-                if buffer is not None and msg.payload is not None:
-                    incoming = np.frombuffer(msg.payload, dtype=buffer.dtype)
-                    target = _chunk(buffer, s)
-                    if s.reduce:
-                        target += incoming
-                    else:
-                        target[...] = incoming
+                if buffer is not None and msg.parts is not None:
+                    _apply(_chunk(buffer, s), msg, s.reduce)
         if op == "all_gather" and buffer is not None:
             # Reorder blocks from ring positions to rank order.
             ring = self.topology.ring(members)
@@ -696,6 +692,23 @@ def _chunk(buffer: np.ndarray, send: ScheduledSend) -> np.ndarray:
     sizes = split(buffer.size, send.parts)
     lo = sum(sizes[: send.chunk])
     return buffer[lo : lo + sizes[send.chunk]]
+
+
+def _apply(target: np.ndarray, msg: Message, reduce: bool) -> None:
+    """Add (`reduce`) or copy a received message's data into `target`, part by part as
+    it arrived: no copy of the whole message first."""
+    parts = msg.parts or ()
+    if any(len(p) % target.itemsize for p in parts[:-1]):
+        parts = (msg.payload or b"",)  # parts not on element boundaries: join them
+    offset = 0
+    for part in parts:
+        incoming = np.frombuffer(part, dtype=target.dtype)
+        piece = target[offset : offset + incoming.size]
+        if reduce:
+            piece += incoming
+        else:
+            piece[...] = incoming
+        offset += incoming.size
 
 
 def _op_span(op: Op, run: OpRun) -> tuple[str, dict[str, AttributeValue]]:

@@ -309,7 +309,7 @@ def test_explicit_port_taken_is_a_link_failure(trio: tuple[LinkEndpoint, ...]) -
 
 
 def _msg(src: str = A, tag: str = "t", step: int = 0) -> Message:
-    return Message(src, tag, step, arrival_ns=1, nbytes=0, payload=None, dtype="", shape=())
+    return Message(src, tag, step, arrival_ns=1, nbytes=0, parts=None, dtype="", shape=())
 
 
 def test_mailbox_refuses_a_duplicate_key() -> None:
@@ -352,3 +352,20 @@ def test_mailbox_take_wakes_when_the_message_arrives() -> None:
     finally:
         timer.cancel()
     assert box.take("t", 4, A, 0.1).step == 4
+
+
+def test_streamed_payload_is_kept_in_the_chunks_it_came_in(
+    trio: tuple[LinkEndpoint, ...],
+) -> None:
+    """No copy into one buffer on receipt: the consumer gets the chunks, in order."""
+    a, b, _ = trio
+    data = np.arange(3 * CHUNK_BYTES // 4 + 5, dtype=np.float32)
+    a.send(B, "parts", 0, 0, 1, data.nbytes, data.data, dtype="float32")
+    msg = b.receive("parts", 0, A, 2.0)
+    assert msg.parts is not None and [len(p) for p in msg.parts] == [
+        CHUNK_BYTES,
+        CHUNK_BYTES,
+        CHUNK_BYTES,
+        20,
+    ]
+    assert msg.payload == data.tobytes()  # joined on demand
