@@ -13,7 +13,6 @@ TRIM_THRESHOLD_BYTES of free memory per malloc arena after a burst of transfers.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 
 # mallopt parameters, glibc's malloc.h.
 _M_TRIM_THRESHOLD = -1
@@ -28,11 +27,10 @@ TRIM_THRESHOLD_BYTES = 64 << 20
 def keep_freed_buffers() -> bool:
     """Tune this process's malloc as the module docstring says. True if it took
     effect; False where the C library is not glibc (nothing changes there)."""
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return False
     try:
-        mallopt = ctypes.CDLL(name).mallopt
+        # The symbols already loaded in this process (no library search: find_library
+        # would run ldconfig in a subprocess at every socket's start).
+        mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):  # not glibc: no mallopt
         return False
     mallopt.argtypes = (ctypes.c_int, ctypes.c_int)

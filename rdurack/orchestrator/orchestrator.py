@@ -217,14 +217,22 @@ class Orchestrator:
     def schedule_once(self) -> int:
         """One scheduling round; returns how many jobs it started."""
         began = time.time_ns()
-        queued = self.store.queued()
-        if not queued:
+        if not self.store.any_queued():
             return 0
+        # The cheap questions first: while every socket is taken, a round can place
+        # nothing, so it neither asks the agents nor reads the queue. (Such a round
+        # counts against no job's starvation guard either: nothing overtakes anyone.)
         busy = {s for j in self.store.list(list(ACTIVE)) for s in j.sockets}
+        if len(busy) >= self.platform.sockets:
+            return 0
         nodes = self.gateway.nodes()
         # A socket an agent reports held is busy, whatever the store says.
         busy |= {s.socket_id for n in nodes for s in n.sockets if s.job_id}
-        placements = self.scheduler.schedule(queued, busy, self._unhealthy(nodes))
+        unhealthy = self._unhealthy(nodes)
+        if len(busy | unhealthy) >= self.platform.sockets:
+            return 0
+        queued = self.store.queued()
+        placements = self.scheduler.schedule(queued, busy, unhealthy)
         if not placements:
             return 0
         started = 0

@@ -320,7 +320,7 @@ def test_a_stale_read_loses_the_compare_and_set(
     store.submit("j1", spec())
     stale = store.get("j1")
     store.transition("j1", S.SCHEDULED, sockets=("n1.s0",))
-    real_load = JobStore._load
+    real_load = store._load
     served: list[Job] = []
 
     def load_once_stale(db: sqlite3.Connection, job_id: str) -> Job:
@@ -329,7 +329,7 @@ def test_a_stale_read_loses_the_compare_and_set(
             return stale
         return real_load(db, job_id)
 
-    monkeypatch.setattr(JobStore, "_load", staticmethod(load_once_stale))
+    monkeypatch.setattr(store, "_load", load_once_stale)
     with pytest.raises(IllegalTransition, match="is SCHEDULED"):
         store.transition("j1", S.SCHEDULED, sockets=("n0.s0",))
     assert served == [stale]  # the stale copy was used, then re-read
