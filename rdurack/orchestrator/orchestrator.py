@@ -34,6 +34,7 @@ from rdurack.orchestrator.gateway import KernelRun, NodeGateway, NodeView
 from rdurack.orchestrator.jobs import IllegalTransition, Job, JobSpec, JobState, KernelWorkload
 from rdurack.orchestrator.platforms import job_platform
 from rdurack.orchestrator.scheduler import Scheduler
+from rdurack.orchestrator.signals import JobSignals
 from rdurack.orchestrator.store import Event, JobStore
 from rdurack.orchestrator.training_job import training_result, validate_training
 from rdurack.rack.errors import InvalidRequest, LinkFailure, RdurackError, SocketBusy
@@ -82,7 +83,7 @@ class Orchestrator:
         self.models = builtin_models()
         self._topology = Topology(platform)
         self._wake = threading.Condition()
-        self._events = threading.Condition()  # notified on every new event (watchers)
+        self._signals = JobSignals()  # wakes a job's watchers on its new events
         self._stop = threading.Event()
         self._cancelled: set[str] = set()
         self._workers = ThreadPoolExecutor(max_workers=platform.sockets, thread_name_prefix="job")
@@ -105,8 +106,7 @@ class Orchestrator:
         if self._thread is not None:
             self._thread.join(timeout=10)
         self._workers.shutdown(wait=True, cancel_futures=False)
-        with self._events:
-            self._events.notify_all()
+        self._signals.stop()
 
     # ------------------------------------------------------------------ the API
 
@@ -151,7 +151,7 @@ class Orchestrator:
         self.validate(spec)
         job, created = self.store.submit(uuid.uuid4().hex[:12], spec, client_request_id or None)
         if created:
-            self._notify()
+            self._notify(job.id)
             self._kick()
         return job, created
 
@@ -167,7 +167,7 @@ class Orchestrator:
         self._cancelled.add(job_id)
         why = reason or "cancelled by the client"
         job = self.store.transition(job_id, JobState.CANCELLED, reason=why, error=why)
-        self._notify()
+        self._notify(job_id)
         self._kick()
         return job
 
@@ -180,17 +180,20 @@ class Orchestrator:
         """Every event of a job after `after`, as they happen, until the job is finished
         (or the watcher goes away, or the orchestrator stops)."""
         self.store.get(job_id)  # unknown ids fail now, not after a wait
-        while True:
-            events = self.store.events(job_id, after)
-            yield from events
-            if events:
-                after = events[-1].seq
-            if self.store.get(job_id).state.terminal and not self.store.events(job_id, after):
-                return
-            with self._events:
+        with self._signals.watching(job_id) as signal:
+            while True:
+                seen = signal.version()  # before reading: a change after it wakes us
+                events = self.store.events(job_id, after)
+                yield from events
+                if events:
+                    after = events[-1].seq
+                if self.store.get(job_id).state.terminal and not self.store.events(job_id, after):
+                    return
                 if not still_wanted() or self._stop.is_set():
                     return
-                self._events.wait(timeout=self.poll_s)
+                # Woken by the job's next event; the timeout only bounds how late a
+                # watcher notices that its client went away.
+                signal.wait(seen, timeout_s=self.poll_s)
 
     def rack(self) -> list[NodeView]:
         return self.gateway.nodes()
@@ -201,9 +204,9 @@ class Orchestrator:
         with self._wake:
             self._wake.notify_all()
 
-    def _notify(self) -> None:
-        with self._events:
-            self._events.notify_all()
+    def _notify(self, job_id: str) -> None:
+        """`job_id` has a new event: wake its watchers."""
+        self._signals.notify(job_id)
 
     def _loop(self) -> None:
         while not self._stop.is_set():
@@ -284,8 +287,9 @@ class Orchestrator:
                 self._release(node, job.id, ids)
             if not isinstance(e, IllegalTransition):
                 self.store.add_event(job.id, "placement", {"error": str(e)})
+                self._notify(job.id)
             return False
-        self._notify()
+        self._notify(job.id)
         # The job's span links to the round that placed it.
         self._workers.submit(self._run, job.id, trace.get_current_span().get_span_context())
         return True
@@ -341,7 +345,7 @@ class Orchestrator:
         finally:
             for node, ids in nodes.items():
                 self._release(node, job_id, ids)
-            self._notify()
+            self._notify(job_id)
             self._kick()
 
     def _start(self, job: Job) -> tuple[Job, int]:
@@ -351,7 +355,7 @@ class Orchestrator:
         job = self.store.transition(
             job.id, JobState.RUNNING, attempts=job.attempts + 1, emulated_start_ns=start
         )
-        self._notify()
+        self._notify(job.id)
         return job, start
 
     def _execute(self, job: Job, nodes: dict[int, list[str]]) -> None:
@@ -384,7 +388,7 @@ class Orchestrator:
                     "emulated_ns": now,
                 },
             )
-            self._notify()
+            self._notify(job.id)
         result = self._result(w, now - start, total, calls, hbm_bytes)
         # The result event first: a watcher stops once the job is finished.
         self.store.add_event(job.id, "result", result)
@@ -414,7 +418,7 @@ class Orchestrator:
                         "emulated_ns": start + emulated_ns,
                     },
                 )
-                self._notify()
+                self._notify(job.id)
 
         engine = CoeEngine(
             w,
@@ -491,7 +495,7 @@ class Orchestrator:
                     "emulated_ns": max(r.end_ns for r in reports),
                 },
             )
-            self._notify()
+            self._notify(job.id)
             if all(r.finished for r in reports):
                 break
             segment = max(1, lead.total // self.progress_chunks)
