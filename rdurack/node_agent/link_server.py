@@ -15,9 +15,11 @@ when the socket consumes the message. Wall time only bounds how long a call may 
 (`timeout_s`).
 
 Threads: the gRPC server runs its handlers on its own pool and touches only the
-thread-safe Mailbox and the endpoint's lock-protected state; `send_all` fans transfers out
-on a second small pool. Every failure the caller sees is a LinkFailure (link or peer
-trouble) or an InvalidRequest (bad arguments), never a raw grpc.RpcError.
+thread-safe Mailbox and the endpoint's lock-protected state. Sends are gRPC futures:
+`start_all` puts transfers on the wire and returns, and `Sends.wait` collects their
+acknowledgements, so a socket can take its incoming messages while its own are in
+flight. Every failure the caller sees is a LinkFailure (link or peer trouble) or an
+InvalidRequest (bad arguments), never a raw grpc.RpcError.
 """
 
 from __future__ import annotations
@@ -87,7 +89,7 @@ _MAX_U64 = (1 << 64) - 1
 
 @dataclass(frozen=True, slots=True)
 class OutgoingTransfer:
-    """One transfer for `LinkEndpoint.send_all`; the fields are `send`'s arguments."""
+    """One transfer for `LinkEndpoint.start_all`; the fields are `send`'s arguments."""
 
     dst: str  # receiving socket id
     tag: str  # collective tag; "" for point-to-point
@@ -113,9 +115,9 @@ class LinkEndpoint:
     ) -> None:
         """Start serving on `host:port` (port 0: a free port the OS picks).
 
-        `clock_ns` reads the socket's emulated clock (ns) for Ping. `workers` bounds both
-        the concurrent incoming transfers (server threads; each streaming transfer holds
-        one for its duration) and the concurrent outgoing ones of `send_all`.
+        `clock_ns` reads the socket's emulated clock (ns) for Ping. `workers` bounds the
+        concurrent incoming transfers (server threads; each streaming transfer holds one
+        for its duration).
         """
         if workers < 1:
             raise InvalidRequest(f"{socket_id}: workers must be >= 1, got {workers}")
@@ -124,8 +126,8 @@ class LinkEndpoint:
         self.socket_id = socket_id
         self.mailbox = Mailbox(socket_id)
         self._clock_ns = clock_ns
-        # Guards peers, channels, link faults, the id counter and the closed flag:
-        # send_all's threads and the caller's thread use them concurrently.
+        # Guards peers, channels, link faults, the id counter and the closed flag: the
+        # caller's thread and the link server's use them concurrently.
         self._lock = threading.Lock()
         self._peers: dict[str, str] = {}  # peer socket id -> "host:port"
         self._channels: dict[str, tuple[grpc.Channel, _LinkStub]] = {}
@@ -134,9 +136,6 @@ class LinkEndpoint:
         self._closed = False
         self._recent_lock = threading.Lock()
         self._recent_ids: OrderedDict[str, None] = OrderedDict()
-        self._send_pool = futures.ThreadPoolExecutor(
-            max_workers=workers, thread_name_prefix=f"{socket_id}-send"
-        )
         self._server_pool = futures.ThreadPoolExecutor(
             max_workers=workers, thread_name_prefix=f"{socket_id}-link"
         )
@@ -147,7 +146,6 @@ class LinkEndpoint:
         except RuntimeError:  # grpc >= 1.5x raises; older versions return 0
             bound = 0
         if bound == 0:
-            self._send_pool.shutdown(wait=False)
             self._server_pool.shutdown(wait=False)
             raise LinkFailure(
                 f"{socket_id}: cannot serve links on {host}:{port} "
@@ -216,33 +214,26 @@ class LinkEndpoint:
         transfer = OutgoingTransfer(
             dst, tag, step, send_ns, arrival_ns, nbytes, payload, dtype, tuple(shape)
         )
-        _check_timeout(self.socket_id, timeout_s)
-        return self._send(transfer, self._check(transfer), timeout_s)
+        return self.send_all([transfer], timeout_s)[0]
 
     def send_all(self, sends: Sequence[OutgoingTransfer], timeout_s: float = 30.0) -> list[int]:
         """Send several transfers concurrently; return their received byte counts in order.
 
         Every argument is checked before anything goes out. All transfers run to
         completion or failure; then the first failure (in `sends` order) is raised."""
+        return self.start_all(sends, timeout_s).wait()
+
+    def start_all(self, sends: Sequence[OutgoingTransfer], timeout_s: float = 30.0) -> Sends:
+        """Put several transfers on the wire and return without waiting for them.
+
+        Every argument is checked before anything goes out (InvalidRequest). A payload of
+        at most DELIVER_MAX_BYTES is copied into its message before this returns, so the
+        caller may change it at once; a larger one streams from the caller's buffer until
+        its acknowledgement (`Sends.reads_payload`). Failures (a link down, an unknown
+        peer, the call itself) come from `Sends.wait`."""
         _check_timeout(self.socket_id, timeout_s)
         checked = [(t, self._check(t)) for t in sends]
-        if len(checked) == 1:  # no thread hop for the common ring step
-            return [self._send(checked[0][0], checked[0][1], timeout_s)]
-        try:
-            pending = [self._send_pool.submit(self._send, t, d, timeout_s) for t, d in checked]
-        except RuntimeError:  # the pool was shut down: close() ran concurrently
-            raise LinkFailure(f"{self.socket_id}: the link endpoint is closed") from None
-        futures.wait(pending)
-        errors = [(t, f.exception()) for t, f in zip(sends, pending, strict=True)]
-        failed = [(t, e) for t, e in errors if e is not None]
-        if failed:
-            first = failed[0][1]
-            assert first is not None
-            if len(failed) == 1:
-                raise first
-            others = ", ".join(f"{t.dst} step {t.step}" for t, _ in failed[1:])
-            raise LinkFailure(f"{first} (also failed: {others})") from first
-        return [f.result() for f in pending]
+        return Sends([self._start(t, d, timeout_s) for t, d in checked])
 
     def _check(self, t: OutgoingTransfer) -> memoryview | None:
         """Validate a transfer's arguments; return its payload as flat bytes, or None."""
@@ -275,14 +266,19 @@ class LinkEndpoint:
             )
         return flat
 
-    def _send(self, t: OutgoingTransfer, data: memoryview | None, timeout_s: float) -> int:
+    def _start(self, t: OutgoingTransfer, data: memoryview | None, timeout_s: float) -> _Pending:
         what = f"{self.socket_id} -> {t.dst}: transfer {t.tag!r} step {t.step}"
         with self._lock:
             if self._closed:
-                raise LinkFailure(f"{what} failed: this link endpoint is closed")
+                why = LinkFailure(f"{what} failed: this link endpoint is closed")
+                return _Pending(None, what, f"{t.dst} step {t.step}", "", 0.0, failure=why)
             if t.dst in self._down:
-                raise LinkFailure(f"{what} dropped: the link is down (fault injected)")
-            stub = self._stub_locked(t.dst)
+                why = LinkFailure(f"{what} dropped: the link is down (fault injected)")
+                return _Pending(None, what, f"{t.dst} step {t.step}", "", 0.0, failure=why)
+            try:
+                stub = self._stub_locked(t.dst)
+            except LinkFailure as e:
+                return _Pending(None, what, f"{t.dst} step {t.step}", "", 0.0, failure=e)
             transfer_id = f"{self.socket_id}-{next(self._ids)}"
             address = self._peers[t.dst]
         header = link_pb2.TransferHeader(
@@ -298,15 +294,22 @@ class LinkEndpoint:
             timing_only=data is None,
             emulated_arrival_ns=t.arrival_ns,
         )
-        try:
-            if data is None or len(data) <= DELIVER_MAX_BYTES:
-                # One message: the unary call, no request-iterator thread (link.proto).
-                ack = stub.deliver(link_wire.encode_delivery(header, data), timeout=timeout_s)
-            else:
-                ack = stub.transfer(_chunks(header, data), timeout=timeout_s)
-        except grpc.RpcError as e:
-            raise LinkFailure(_rpc_failure(what, e, t.dst, address, timeout_s)) from None
-        return int(ack.bytes_received)
+        streamed = data is not None and len(data) > DELIVER_MAX_BYTES
+        call: grpc.Future[link_pb2.TransferAck]
+        if data is not None and streamed:
+            call = stub.transfer.future(_chunks(header, data), timeout=timeout_s)
+        else:
+            # One message, encoded (payload copied) now: the unary call, no
+            # request-iterator thread (link.proto).
+            call = stub.deliver.future(link_wire.encode_delivery(header, data), timeout=timeout_s)
+        # A failed send wakes this socket's receive, which may be waiting on a reply that
+        # now never comes (Socket._execute gives up on it).
+        call.add_done_callback(self._wake_on_failure)
+        return _Pending(call, what, f"{t.dst} step {t.step}", address, timeout_s, streamed)
+
+    def _wake_on_failure(self, call: grpc.Future[link_pb2.TransferAck]) -> None:
+        if call.cancelled() or call.exception() is not None:
+            self.mailbox.wake()
 
     def _stub_locked(self, dst: str) -> _LinkStub:
         """The reused stub for `dst`; call with self._lock held."""
@@ -326,9 +329,17 @@ class LinkEndpoint:
 
     # ------------------------------------------------------------------ receiving, probing
 
-    def receive(self, tag: str, step: int, src: str, timeout_s: float) -> Message:
-        """The message (tag, step, src), waiting up to `timeout_s` seconds (wall time)."""
-        return self.mailbox.take(tag, step, src, timeout_s)
+    def receive(
+        self,
+        tag: str,
+        step: int,
+        src: str,
+        timeout_s: float,
+        give_up: Callable[[], BaseException | None] = lambda: None,
+    ) -> Message:
+        """The message (tag, step, src), waiting up to `timeout_s` seconds (wall time).
+        `give_up` is asked whenever the wait wakes; what it returns is raised."""
+        return self.mailbox.take(tag, step, src, timeout_s, give_up)
 
     def ping(self, dst: str, timeout_s: float = 5.0) -> tuple[str, int]:
         """(peer socket id, peer emulated clock in ns), over the link to `dst`."""
@@ -361,7 +372,6 @@ class LinkEndpoint:
         self._server.stop(0).wait()
         for channel in channels:
             channel.close()  # cancels in-flight sends: they fail as LinkFailure
-        self._send_pool.shutdown(wait=False, cancel_futures=True)
         self._server_pool.shutdown(wait=False, cancel_futures=True)
 
     def __enter__(self) -> LinkEndpoint:
@@ -381,6 +391,97 @@ class LinkEndpoint:
             if len(self._recent_ids) > _RECENT_TRANSFER_IDS:
                 self._recent_ids.popitem(last=False)
             return True
+
+
+class _Pending:
+    """One transfer on the wire: its gRPC future, or the failure that kept it home."""
+
+    def __init__(
+        self,
+        call: grpc.Future[link_pb2.TransferAck] | None,
+        what: str,  # "src -> dst: transfer 'tag' step n", for messages
+        label: str,  # "dst step n", for a list of failures
+        address: str,  # the peer's link address
+        timeout_s: float,
+        streamed: bool = False,  # reads the caller's buffer until acknowledged
+        failure: LinkFailure | None = None,
+    ) -> None:
+        self.call, self.what, self.label, self.address = call, what, label, address
+        self.timeout_s, self.streamed = timeout_s, streamed
+        self._failure = failure
+
+    def done(self) -> bool:
+        return self.call is None or self.call.done()
+
+    def failure(self) -> LinkFailure | None:
+        """Its failure once it has ended (None: acknowledged, or still on the wire)."""
+        if self._failure is None and self.call is not None and self.call.done():
+            try:
+                self.call.result()
+            except grpc.RpcError as e:
+                dst = self.label.split(" ", 1)[0]
+                self._failure = LinkFailure(
+                    _rpc_failure(self.what, e, dst, self.address, self.timeout_s)
+                )
+            except grpc.FutureCancelledError:
+                self._failure = LinkFailure(f"{self.what} failed: cancelled")
+        return self._failure
+
+    def result(self) -> int:
+        """Wait for the acknowledgement; the payload bytes the receiver got."""
+        if self.call is not None:
+            try:
+                ack = self.call.result()
+            except (grpc.RpcError, grpc.FutureCancelledError):
+                pass
+            else:
+                return int(ack.bytes_received)
+        failure = self.failure()
+        assert failure is not None
+        raise failure
+
+
+class Sends:
+    """Transfers put on the wire by `LinkEndpoint.start_all`, in their order."""
+
+    def __init__(self, pending: list[_Pending]) -> None:
+        self._pending = pending
+
+    @property
+    def reads_payload(self) -> bool:
+        """Whether a streamed payload is still being read from the caller's buffer."""
+        return any(p.streamed and not p.done() for p in self._pending)
+
+    def failure(self) -> LinkFailure | None:
+        """The first failure among the transfers that have ended; never waits."""
+        for p in self._pending:
+            if p.done() and (failure := p.failure()) is not None:
+                return failure
+        return None
+
+    def wait(self) -> list[int]:
+        """Wait for every transfer; their received byte counts, in order. Raises the
+        first failure (in order), naming the others that failed too."""
+        results: list[int] = []
+        failed: list[tuple[_Pending, LinkFailure]] = []
+        for p in self._pending:
+            try:
+                results.append(p.result())
+            except LinkFailure as e:
+                failed.append((p, e))
+        if not failed:
+            return results
+        first = failed[0][1]
+        if len(failed) == 1:
+            raise first
+        others = ", ".join(p.label for p, _ in failed[1:])
+        raise LinkFailure(f"{first} (also failed: {others})") from first
+
+    def cancel(self) -> None:
+        """Cancel what is still on the wire (after the caller gave up on the collective)."""
+        for p in self._pending:
+            if p.call is not None:
+                p.call.cancel()
 
 
 class _LinkStub:

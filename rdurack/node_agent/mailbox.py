@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from rdurack.rack.errors import InvalidRequest, LinkFailure
@@ -67,10 +68,20 @@ class Mailbox:
             # Every waiter re-checks its own key; waking one could wake the wrong one.
             self._cond.notify_all()
 
-    def take(self, tag: str, step: int, src: str, timeout_s: float) -> Message:
+    def take(
+        self,
+        tag: str,
+        step: int,
+        src: str,
+        timeout_s: float,
+        give_up: Callable[[], BaseException | None] = lambda: None,
+    ) -> Message:
         """Block until the message (tag, step, src) is here, remove and return it.
 
-        Raises LinkFailure after `timeout_s` seconds (wall time) without it.
+        Raises LinkFailure after `timeout_s` seconds (wall time) without it. `give_up` is
+        asked before each wait and whenever the wait wakes (`wake`): an exception it
+        returns is raised at once (the waiter's own sends failed: the reply may never
+        come).
         """
         if not timeout_s >= 0:  # also refuses NaN
             raise InvalidRequest(f"timeout_s must be >= 0, got {timeout_s}")
@@ -78,6 +89,9 @@ class Mailbox:
         deadline = time.monotonic() + timeout_s
         with self._cond:
             while key not in self._messages:
+                reason = give_up()
+                if reason is not None:
+                    raise reason
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise LinkFailure(
@@ -86,6 +100,11 @@ class Mailbox:
                     )
                 self._cond.wait(remaining)
             return self._messages.pop(key)
+
+    def wake(self) -> None:
+        """Wake every waiter to ask its `give_up` again."""
+        with self._cond:
+            self._cond.notify_all()
 
     def discard(self, tag: str) -> int:
         """Drop every pending message of `tag` (cleanup after a failed collective), so a

@@ -21,7 +21,7 @@ import numpy as np
 from opentelemetry import trace
 from opentelemetry.util.types import AttributeValue
 
-from rdurack.node_agent.link_server import LinkEndpoint, OutgoingTransfer
+from rdurack.node_agent.link_server import LinkEndpoint, OutgoingTransfer, Sends
 from rdurack.node_agent.mailbox import Message
 from rdurack.node_agent.rank import RankRunner
 from rdurack.rack.clock import EmulatedClock
@@ -610,36 +610,53 @@ class Socket:
     ) -> tuple[int, int]:
         me = self.id
         sent = received = 0
-        for index, step in enumerate(schedule):
-            outgoing = []
-            for s in (s for s in step if s.src == me):
-                _, arrival = self._links.state(me, s.dst).transmit(self.clock.now_ns, s.nbytes)
-                payload = None
-                if buffer is not None:
-                    # No copy: send_all returns only after every ack, so the chunk is
-                    # not changed while it is on the wire.
-                    payload = _chunk(buffer, s).data
-                outgoing.append(
-                    OutgoingTransfer(
-                        dst=str(s.dst),
-                        tag=tag,
-                        step=index,
-                        send_ns=self.clock.now_ns,
-                        arrival_ns=arrival,
-                        nbytes=s.nbytes,
-                        payload=payload,
-                        dtype=str(buffer.dtype) if buffer is not None else "",
+        # Sends go on the wire and the socket takes its incoming messages at once: each
+        # step waits for its input, not for its own acknowledgements too. They are all
+        # collected at the end; one that failed ends the wait for a reply at once.
+        pending: list[Sends] = []
+
+        def failed() -> LinkFailure | None:
+            return next((e for p in pending if (e := p.failure()) is not None), None)
+
+        try:
+            for index, step in enumerate(schedule):
+                outgoing = []
+                for s in (s for s in step if s.src == me):
+                    _, arrival = self._links.state(me, s.dst).transmit(self.clock.now_ns, s.nbytes)
+                    outgoing.append(
+                        OutgoingTransfer(
+                            dst=str(s.dst),
+                            tag=tag,
+                            step=index,
+                            send_ns=self.clock.now_ns,
+                            arrival_ns=arrival,
+                            nbytes=s.nbytes,
+                            # A view, no copy: start_all copies it into its message, or
+                            # (streamed) is waited for below before the buffer changes.
+                            payload=None if buffer is None else _chunk(buffer, s).data,
+                            dtype=str(buffer.dtype) if buffer is not None else "",
+                        )
                     )
-                )
-                sent += s.nbytes
-            if outgoing:
-                self._endpoint.send_all(outgoing, timeout_s=self.timeout_s)
-            for s in (s for s in step if s.dst == me):
-                msg = self._endpoint.receive(tag, index, str(s.src), self.timeout_s)
-                self.clock.advance_to(msg.arrival_ns)
-                received += s.nbytes
-                if buffer is not None and msg.parts is not None:
-                    _apply(_chunk(buffer, s), msg, s.reduce)
+                    sent += s.nbytes
+                if outgoing:
+                    sends = self._endpoint.start_all(outgoing, timeout_s=self.timeout_s)
+                    pending.append(sends)
+                    if sends.reads_payload:
+                        sends.wait()
+                for s in (s for s in step if s.dst == me):
+                    msg = self._endpoint.receive(
+                        tag, index, str(s.src), self.timeout_s, give_up=failed
+                    )
+                    self.clock.advance_to(msg.arrival_ns)
+                    received += s.nbytes
+                    if buffer is not None and msg.parts is not None:
+                        _apply(_chunk(buffer, s), msg, s.reduce)
+            for sends in pending:
+                sends.wait()
+        except LinkFailure:
+            for sends in pending:
+                sends.cancel()
+            raise
         if op == "all_gather" and buffer is not None:
             # Reorder blocks from ring positions to rank order.
             ring = self.topology.ring(members)
