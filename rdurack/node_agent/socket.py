@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 from opentelemetry import trace
@@ -23,7 +24,6 @@ from opentelemetry.util.types import AttributeValue
 
 from rdurack.node_agent.link_server import LinkEndpoint, OutgoingTransfer, Sends
 from rdurack.node_agent.mailbox import Message
-from rdurack.node_agent.rank import RankRunner
 from rdurack.rack.clock import EmulatedClock
 from rdurack.rack.collectives import (
     WHOLE,
@@ -49,7 +49,13 @@ from rdurack.workloads.bundle import BundleShare, ProgramRunner
 from rdurack.workloads.predictor import Predictor
 from rdurack.workloads.program import Deploy, Generate, Kernel, Op, OpRun, ProgramRun, Switch
 from rdurack.workloads.tiny_lm import TinyLM, TinyLMConfig, TinyLMShard, generate
-from rdurack.workloads.training.job import RankReport, TrainingWorkload
+
+if TYPE_CHECKING:
+    # Imported where a job trains (Socket.train): most sockets never do, and the
+    # training stack is about a third of what a socket actor imports at its start
+    # (~50 of ~145 ms on this machine), paid by 16 actors in every bring-up.
+    from rdurack.node_agent.rank import RankRunner
+    from rdurack.workloads.training.job import RankReport, TrainingWorkload
 
 COLLECTIVE_OPS = ("all_reduce", "broadcast", "all_gather", "barrier", "send")
 
@@ -372,6 +378,8 @@ class Socket:
         rank; later calls continue it. A span covers each segment."""
         self._hold(job_id)
         if self._trainer is None or self._trainer.job_id != job_id:
+            from rdurack.node_agent.rank import RankRunner  # see the imports at the top
+
             self._trainer = RankRunner(
                 self, job_id, workload, platform_name, group, self._models, checkpoint_dir, loop
             )
