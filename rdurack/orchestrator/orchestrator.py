@@ -234,12 +234,22 @@ class Orchestrator:
         unhealthy = self._unhealthy(nodes)
         if len(busy | unhealthy) >= self.platform.sockets:
             return 0
-        queued = self.store.queued()
-        placements = self.scheduler.schedule(queued, busy, unhealthy)
+        # The queue is read a page at a time, as far as the round gets (all 1-socket jobs
+        # and 3 free sockets: one page, however long the queue).
+        walked: dict[str, Job] = {}
+
+        def queued() -> Iterator[Job]:
+            for job in self.store.queued_lazily():
+                walked[job.id] = job
+                yield job
+
+        placements = self.scheduler.schedule(
+            queued(), busy, unhealthy, still_queued=self.store.queued_ids()
+        )
         if not placements:
             return 0
         started = 0
-        by_id = {j.id: j for j in queued}
+        by_id = walked
         with self._tracer.start_as_current_span(names.SPAN_SCHEDULE, start_time=began) as span:
             for p in placements:
                 if self._place(by_id[p.job_id], p.sockets):

@@ -31,7 +31,7 @@ Policy (what `Scheduler.schedule` does each round):
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass
 
 # Relative import: the layering test forbids this package from importing
@@ -128,14 +128,17 @@ class Scheduler:
 
     def schedule(
         self,
-        queued: Sequence[Job],
+        queued: Iterable[Job],
         busy: Collection[str],
         unhealthy: Collection[str] = (),
+        still_queued: Collection[str] | None = None,
     ) -> list[Placement]:
         """Placements for the jobs of `queued` (priority desc, then FIFO) that start now.
 
         They never overlap each other, `busy` (held by other jobs) or `unhealthy`. Updates
-        the starvation counters (module docstring)."""
+        the starvation counters (module docstring). `queued` is walked only as far as the
+        round needs (it may be read lazily); then `still_queued`, the ids of every queued
+        job, says whose counters to keep (None: `queued` was the whole queue)."""
         healthy = self._masks(unhealthy)
         free = self._masks(busy, start=healthy)
         free_count = sum(m.bit_count() for m in free)
@@ -145,15 +148,19 @@ class Scheduler:
         fits_idle: dict[int, bool] = {}  # sizes that fit the healthy rack with no job on it
         skipped: list[tuple[int, str]] = []  # (queue position, job id) of jobs not placed
         last_placed = -1
-        for pos, job in enumerate(queued):
-            if free_count == 0:
-                break  # nothing later can start, and nothing later overtakes anyone
+        walked: list[Job] = []
+        # Once no socket is free, nothing later can start and nothing later overtakes
+        # anyone: the walk stops there (before reading the next job).
+        for pos, job in enumerate(queued if free_count else ()):
+            walked.append(job)
             k = job.spec.sockets
             sockets = None if k in failed else self._place(k, free)
             if sockets is not None:
                 placements.append(Placement(job.id, sockets))
                 free_count -= k
                 last_placed = pos
+                if free_count == 0:
+                    break
                 continue
             failed.add(k)
             skipped.append((pos, job.id))
@@ -166,7 +173,8 @@ class Scheduler:
         # Count a round against each skipped job that some later job overtook; keep only
         # counters of jobs still queued and not placed (a placed job's wait is over).
         overtaken = {job_id for pos, job_id in skipped if pos < last_placed}
-        waiting = {j.id for j in queued} - {p.job_id for p in placements}
+        known = set(still_queued) if still_queued is not None else {j.id for j in walked}
+        waiting = known - {p.job_id for p in placements}
         counts = {job_id: n for job_id, n in self.skips.items() if job_id in waiting}
         for job_id in overtaken:
             counts[job_id] = counts.get(job_id, 0) + 1

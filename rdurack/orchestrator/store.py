@@ -354,6 +354,33 @@ class JobStore:
             ).fetchone()
         return row is not None
 
+    def queued_lazily(self, page: int = 64) -> Iterator[Job]:
+        """The PENDING jobs in `queued` order, read a page at a time as they are taken:
+        a scheduling round that fills the free sockets early reads a page or two, not a
+        queue of thousands (each a Job to build). Pages are read at different moments: a
+        job queued meanwhile ahead of the position reached waits for the next round."""
+        after: tuple[int, int] | None = None  # (priority, seq) of the last job yielded
+        while True:
+            query = f"SELECT {_JOB_COLUMNS} FROM jobs WHERE state = ?"
+            args: tuple[str | int, ...] = (JobState.PENDING.value,)
+            if after is not None:
+                query += " AND (priority < ? OR (priority = ? AND seq > ?))"
+                args += (after[0], after[0], after[1])
+            with self._read() as db:
+                cursor = db.execute(query + " ORDER BY priority DESC, seq LIMIT ?", (*args, page))
+                rows = cursor.fetchall()
+            for row in rows:
+                yield self._job(row)
+            if len(rows) < page:
+                return
+            after = (rows[-1]["priority"], rows[-1]["seq"])
+
+    def queued_ids(self) -> set[str]:
+        """The ids of every PENDING job (no job read)."""
+        with self._read() as db:
+            rows = db.execute("SELECT id FROM jobs WHERE state = ?", (JobState.PENDING.value,))
+            return {r["id"] for r in rows.fetchall()}
+
     def queued(self) -> builtins.list[Job]:
         """PENDING jobs in the order the scheduler should consider them."""
         with self._read() as db:
