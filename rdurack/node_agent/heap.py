@@ -7,7 +7,9 @@ above its dynamic threshold; trimming the heap top beyond 128 KiB), so the next
 transfer takes a page fault on every fresh page: a profile of 16 socket actors running
 ring all-reduces of 16 MB spent about a fifth of their CPU in page faults. Keeping freed
 blocks in the heap for reuse removes most of that, at the cost of holding up to
-TRIM_THRESHOLD_BYTES of free memory per malloc arena after a burst of transfers.
+TRIM_THRESHOLD_BYTES of free memory per malloc arena after a burst of transfers. What
+that costs, measured by `make bench` (the whole rack's PSS after its transfers, tensors
+still held; idle 1.44 GB): 2.6 GB with this, 2.2 GB without.
 """
 
 from __future__ import annotations
