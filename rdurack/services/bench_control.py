@@ -104,6 +104,17 @@ def _pending(stub: job_pb2_grpc.JobServiceStub, ids: set[str]) -> int:
             return pending
 
 
+def _timed_submit(stub: job_pb2_grpc.JobServiceStub, name: str, errors: list[str]) -> float | None:
+    """One SubmitJob of a small job: its latency (s), or None with the error in `errors`."""
+    t = time.perf_counter()
+    try:
+        stub.SubmitJob(_small_job(name), timeout=RPC_TIMEOUT_S)
+    except grpc.RpcError as e:
+        errors.append(str(e))
+        return None
+    return time.perf_counter() - t
+
+
 def _quantile(values_ms: list[float], q: int) -> float:
     """The q-th percentile (1..99) of at least two values."""
     return statistics.quantiles(values_ms, n=100)[q - 1]
@@ -167,13 +178,10 @@ def _submit_latency(address: str) -> list[BenchFigure]:
             ready.wait(timeout=60)
             n = 0
             while not stop.is_set():
-                t = time.perf_counter()
-                try:
-                    stub.SubmitJob(_small_job(f"client {i} #{n}"), timeout=RPC_TIMEOUT_S)
-                except grpc.RpcError as e:
-                    errors.append(str(e))
+                took = _timed_submit(stub, f"client {i} #{n}", errors)
+                if took is None:
                     return
-                latencies[i].append(time.perf_counter() - t)
+                latencies[i].append(took)
                 n += 1
 
     threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(CLIENTS)]
@@ -259,13 +267,9 @@ def _many_submissions(address: str) -> list[BenchFigure]:
             stub = job_pb2_grpc.JobServiceStub(ch)
             start.wait(timeout=CONNECT_TIMEOUT_S * 2)
             for n in range(per_client):
-                t = time.perf_counter()
-                try:
-                    stub.SubmitJob(_small_job(f"load {i} #{n}"), timeout=RPC_TIMEOUT_S)
-                except grpc.RpcError as e:
-                    errors.append(str(e))
-                    continue
-                latencies.append(time.perf_counter() - t)
+                took = _timed_submit(stub, f"load {i} #{n}", errors)
+                if took is not None:
+                    latencies.append(took)
 
     elapsed = _together(LOAD_CLIENTS, client)
     what = f"{LOAD_SUBMISSIONS:,} submissions from {LOAD_CLIENTS} clients"
