@@ -21,6 +21,7 @@ from typing import Any
 
 import ray
 
+from rdurack.node_agent import heap
 from rdurack.node_agent.socket import Socket
 from rdurack.telemetry import setup
 
@@ -29,6 +30,7 @@ class TracedSocket(Socket):
     """A Socket in its own actor process, which it configures tracing for."""
 
     def __init__(self, socket_id: str, *args: Any, **kwargs: Any) -> None:
+        heap.keep_freed_buffers()  # the process is this socket's: its links' buffers
         setup.configure(socket_id, env_name_wins=False)
         super().__init__(socket_id, *args, **kwargs)
 

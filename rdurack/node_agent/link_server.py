@@ -5,7 +5,9 @@ The data plane between emulated sockets. A transfer is one gRPC call: a unary `D
 DELIVER_MAX_BYTES, else a client-streaming `Transfer` (a TransferHeader, then the payload
 in CHUNK_BYTES slices); link.proto says why both exist. The receiving server checks both
 alike and puts the transfer in the socket's Mailbox, where the socket's own thread takes
-it by (collective tag, step, sender).
+it by (collective tag, step, sender). The messages are the generated ones on the wire,
+but written and read by link_wire: the payload is copied once on each side by Python
+(and once more by gRPC itself), and arrives as views of the received chunks.
 
 Emulated time never depends on the wire: the sender prices the transfer with its own
 link model and stamps the arrival (ns) in the header; the receiver's clock moves to it
@@ -19,9 +21,11 @@ request passes the same guard as every rdurack server (security/guard.py): undec
 messages and fields out of bounds are INVALID_ARGUMENT before the servicer runs.
 
 Threads: the gRPC server runs its handlers on its own pool and touches only the
-thread-safe Mailbox and the endpoint's lock-protected state; `send_all` fans transfers out
-on a second small pool. Every failure the caller sees is a LinkFailure (link or peer
-trouble) or an InvalidRequest (bad arguments), never a raw grpc.RpcError.
+thread-safe Mailbox and the endpoint's lock-protected state. Sends are gRPC futures:
+`start_all` puts transfers on the wire and returns, and `Sends.wait` collects their
+acknowledgements, so a socket can take its incoming messages while its own are in
+flight. Every failure the caller sees is a LinkFailure (link or peer trouble) or an
+InvalidRequest (bad arguments), never a raw grpc.RpcError.
 """
 
 from __future__ import annotations
@@ -37,11 +41,12 @@ from typing import NoReturn
 
 import grpc
 
-from rdurack.node_agent.mailbox import Mailbox, Message
+from rdurack.node_agent import link_wire
+from rdurack.node_agent.mailbox import Buffer, Mailbox, Message
 from rdurack.rack.errors import InvalidRequest, LinkFailure
 from rdurack.security.guard import Bounds, RequestGuard
 from rdurack.security.tls import TlsConfig
-from rdurack.v1 import link_pb2, link_pb2_grpc
+from rdurack.v1 import link_pb2
 
 # Data bytes per stream message (1 MiB). Streaming in chunks bounds the memory each
 # in-flight message needs on both ends (one chunk, not the whole tensor, per protobuf
@@ -50,14 +55,16 @@ from rdurack.v1 import link_pb2, link_pb2_grpc
 # measured best for a 64 MB transfer between two processes (2 cores, GB/s over runs):
 # 256 KiB 0.55-0.74, 512 KiB 0.56-0.77, 1 MiB 0.56-0.84, 2 MiB 0.39-0.60, 4 MiB 0.48-0.66.
 CHUNK_BYTES = 1 << 20
-# Largest payload sent as one unary Deliver (128 KiB); timing-only transfers always go
-# that way, larger payloads stream through Transfer. Unary saves the request-iterator
-# thread a client stream costs per call (timing-only: about half the sender CPU), but
-# a big unary message costs the sender more CPU than the same bytes as header + chunk on
-# a stream (separate processes, 2 cores, µs per call wall / sender CPU): 128 KiB unary
-# 800/480 vs stream 940/670; 256 KiB 1430/810 vs 1210/640; 1 MiB 4530/2770 vs 3060/1160.
-# Hence a cut far below CHUNK_BYTES.
-DELIVER_MAX_BYTES = 128 << 10
+# Largest payload sent as one unary Deliver (one chunk, 1 MiB); timing-only transfers
+# always go that way, larger payloads stream through Transfer. Unary saves the
+# request-iterator thread a client stream costs per call and the stream's extra
+# messages. With link_wire's encoders (one copy of the payload per message) a unary
+# message of up to a chunk costs less than the same bytes as header + chunk on a stream
+# (separate processes, 2 cores under load, µs per call wall / sender CPU / receiver
+# CPU, medians of 3 x 100 calls): 128 KiB unary 808/286/464 vs stream 1696/620/634;
+# 1 MiB 1801/922/760 vs 2606/866/1065. A ring all-reduce of 16 MB over 16 sockets
+# moves 1 MB per transfer, so it takes this path.
+DELIVER_MAX_BYTES = CHUNK_BYTES
 # Largest single gRPC message allowed on server and channels (64 MiB). Chunks stay far
 # below it; the limit is raised above gRPC's 4 MB default anyway (DESIGN.md conventions)
 # so a header with a long shape or a future larger chunk size is not refused.
@@ -83,6 +90,10 @@ _RECENT_TRANSFER_IDS = 4096
 # most 64 dimensions. Data bytes are bounded by MAX_MESSAGE_BYTES alone (not read here:
 # reading a bytes field copies it).
 _BOUNDS = Bounds(max_chars=256, max_items=64)
+# Full name of the service, as its method paths spell it.
+SERVICE = link_pb2.DESCRIPTOR.services_by_name["LinkService"].full_name
+# End of a request stream, for `next`'s default.
+_END = object()
 # Largest collective_step the header's uint32 field holds.
 _MAX_STEP = (1 << 32) - 1
 # Largest value the header's uint64 fields (bytes, ns) hold.
@@ -91,7 +102,7 @@ _MAX_U64 = (1 << 64) - 1
 
 @dataclass(frozen=True, slots=True)
 class OutgoingTransfer:
-    """One transfer for `LinkEndpoint.send_all`; the fields are `send`'s arguments."""
+    """One transfer for `LinkEndpoint.start_all`; the fields are `send`'s arguments."""
 
     dst: str  # receiving socket id
     tag: str  # collective tag; "" for point-to-point
@@ -118,10 +129,10 @@ class LinkEndpoint:
     ) -> None:
         """Start serving on `host:port` (port 0: a free port the OS picks).
 
-        `clock_ns` reads the socket's emulated clock (ns) for Ping. `workers` bounds both
-        the concurrent incoming transfers (server threads; each streaming transfer holds
-        one for its duration) and the concurrent outgoing ones of `send_all`. `tls`:
-        mutual TLS among rack members, both ways (module docstring); None: plaintext.
+        `clock_ns` reads the socket's emulated clock (ns) for Ping. `workers` bounds the
+        concurrent incoming transfers (server threads; each streaming transfer holds one
+        for its duration). `tls`: mutual TLS among rack members, both ways (module
+        docstring); None: plaintext.
         """
         if workers < 1:
             raise InvalidRequest(f"{socket_id}: workers must be >= 1, got {workers}")
@@ -137,11 +148,11 @@ class LinkEndpoint:
         self.socket_id = socket_id
         self.mailbox = Mailbox(socket_id)
         self._clock_ns = clock_ns
-        # Guards peers, channels, link faults, the id counter and the closed flag:
-        # send_all's threads and the caller's thread use them concurrently.
+        # Guards peers, channels, link faults, the id counter and the closed flag: the
+        # caller's thread and the link server's use them concurrently.
         self._lock = threading.Lock()
         self._peers: dict[str, str] = {}  # peer socket id -> "host:port"
-        self._channels: dict[str, tuple[grpc.Channel, link_pb2_grpc.LinkServiceStub]] = {}
+        self._channels: dict[str, tuple[grpc.Channel, _LinkStub]] = {}
         self._down: set[str] = set()  # peers whose link from here is marked down
         # Transfer ids are unique per endpoint: a socket restarted after a fault counts
         # from 0 again, and its peers still remember its predecessor's ids.
@@ -150,9 +161,6 @@ class LinkEndpoint:
         self._closed = False
         self._recent_lock = threading.Lock()
         self._recent_ids: OrderedDict[str, None] = OrderedDict()
-        self._send_pool = futures.ThreadPoolExecutor(
-            max_workers=workers, thread_name_prefix=f"{socket_id}-send"
-        )
         self._server_pool = futures.ThreadPoolExecutor(
             max_workers=workers, thread_name_prefix=f"{socket_id}-link"
         )
@@ -160,9 +168,9 @@ class LinkEndpoint:
         self._server = grpc.server(
             self._server_pool,
             options=list(_SERVER_OPTIONS),
-            interceptors=[*guards, RequestGuard(_BOUNDS)],
+            interceptors=[*guards, RequestGuard(_BOUNDS, link_wire.messages_of)],
         )
-        link_pb2_grpc.add_LinkServiceServicer_to_server(_LinkServicer(self), self._server)
+        self._server.add_generic_rpc_handlers((_handlers(_LinkServicer(self)),))
         try:
             if server_credentials is None:
                 bound = int(self._server.add_insecure_port(f"{host}:{port}"))
@@ -171,7 +179,6 @@ class LinkEndpoint:
         except RuntimeError:  # grpc >= 1.5x raises; older versions return 0
             bound = 0
         if bound == 0:
-            self._send_pool.shutdown(wait=False)
             self._server_pool.shutdown(wait=False)
             raise LinkFailure(
                 f"{socket_id}: cannot serve links on {host}:{port} "
@@ -240,33 +247,26 @@ class LinkEndpoint:
         transfer = OutgoingTransfer(
             dst, tag, step, send_ns, arrival_ns, nbytes, payload, dtype, tuple(shape)
         )
-        _check_timeout(self.socket_id, timeout_s)
-        return self._send(transfer, self._check(transfer), timeout_s)
+        return self.send_all([transfer], timeout_s)[0]
 
     def send_all(self, sends: Sequence[OutgoingTransfer], timeout_s: float = 30.0) -> list[int]:
         """Send several transfers concurrently; return their received byte counts in order.
 
         Every argument is checked before anything goes out. All transfers run to
         completion or failure; then the first failure (in `sends` order) is raised."""
+        return self.start_all(sends, timeout_s).wait()
+
+    def start_all(self, sends: Sequence[OutgoingTransfer], timeout_s: float = 30.0) -> Sends:
+        """Put several transfers on the wire and return without waiting for them.
+
+        Every argument is checked before anything goes out (InvalidRequest). A payload of
+        at most DELIVER_MAX_BYTES is copied into its message before this returns, so the
+        caller may change it at once; a larger one streams from the caller's buffer until
+        its acknowledgement (`Sends.reads_payload`). Failures (a link down, an unknown
+        peer, the call itself) come from `Sends.wait`."""
         _check_timeout(self.socket_id, timeout_s)
         checked = [(t, self._check(t)) for t in sends]
-        if len(checked) == 1:  # no thread hop for the common ring step
-            return [self._send(checked[0][0], checked[0][1], timeout_s)]
-        try:
-            pending = [self._send_pool.submit(self._send, t, d, timeout_s) for t, d in checked]
-        except RuntimeError:  # the pool was shut down: close() ran concurrently
-            raise LinkFailure(f"{self.socket_id}: the link endpoint is closed") from None
-        futures.wait(pending)
-        errors = [(t, f.exception()) for t, f in zip(sends, pending, strict=True)]
-        failed = [(t, e) for t, e in errors if e is not None]
-        if failed:
-            first = failed[0][1]
-            assert first is not None
-            if len(failed) == 1:
-                raise first
-            others = ", ".join(f"{t.dst} step {t.step}" for t, _ in failed[1:])
-            raise LinkFailure(f"{first} (also failed: {others})") from first
-        return [f.result() for f in pending]
+        return Sends([self._start(t, d, timeout_s) for t, d in checked])
 
     def _check(self, t: OutgoingTransfer) -> memoryview | None:
         """Validate a transfer's arguments; return its payload as flat bytes, or None."""
@@ -299,14 +299,19 @@ class LinkEndpoint:
             )
         return flat
 
-    def _send(self, t: OutgoingTransfer, data: memoryview | None, timeout_s: float) -> int:
+    def _start(self, t: OutgoingTransfer, data: memoryview | None, timeout_s: float) -> _Pending:
         what = f"{self.socket_id} -> {t.dst}: transfer {t.tag!r} step {t.step}"
         with self._lock:
             if self._closed:
-                raise LinkFailure(f"{what} failed: this link endpoint is closed")
+                why = LinkFailure(f"{what} failed: this link endpoint is closed")
+                return _Pending(None, what, f"{t.dst} step {t.step}", "", 0.0, failure=why)
             if t.dst in self._down:
-                raise LinkFailure(f"{what} dropped: the link is down (fault injected)")
-            stub = self._stub_locked(t.dst)
+                why = LinkFailure(f"{what} dropped: the link is down (fault injected)")
+                return _Pending(None, what, f"{t.dst} step {t.step}", "", 0.0, failure=why)
+            try:
+                stub = self._stub_locked(t.dst)
+            except LinkFailure as e:
+                return _Pending(None, what, f"{t.dst} step {t.step}", "", 0.0, failure=e)
             transfer_id = f"{self._id_prefix}-{next(self._ids)}"
             address = self._peers[t.dst]
         header = link_pb2.TransferHeader(
@@ -322,19 +327,24 @@ class LinkEndpoint:
             timing_only=data is None,
             emulated_arrival_ns=t.arrival_ns,
         )
-        try:
-            if data is None or len(data) <= DELIVER_MAX_BYTES:
-                # One message: the unary call, no request-iterator thread (link.proto).
-                payload = b"" if data is None else bytes(data)  # protobuf takes only bytes
-                request = link_pb2.Delivery(header=header, data=payload)
-                ack = stub.Deliver(request, timeout=timeout_s)
-            else:
-                ack = stub.Transfer(_chunks(header, data), timeout=timeout_s)
-        except grpc.RpcError as e:
-            raise LinkFailure(_rpc_failure(what, e, t.dst, address, timeout_s)) from None
-        return int(ack.bytes_received)
+        streamed = data is not None and len(data) > DELIVER_MAX_BYTES
+        call: grpc.Future[link_pb2.TransferAck]
+        if data is not None and streamed:
+            call = stub.transfer.future(_chunks(header, data), timeout=timeout_s)
+        else:
+            # One message, encoded (payload copied) now: the unary call, no
+            # request-iterator thread (link.proto).
+            call = stub.deliver.future(link_wire.encode_delivery(header, data), timeout=timeout_s)
+        # A failed send wakes this socket's receive, which may be waiting on a reply that
+        # now never comes (Socket._execute gives up on it).
+        call.add_done_callback(self._wake_on_failure)
+        return _Pending(call, what, f"{t.dst} step {t.step}", address, timeout_s, streamed)
 
-    def _stub_locked(self, dst: str) -> link_pb2_grpc.LinkServiceStub:
+    def _wake_on_failure(self, call: grpc.Future[link_pb2.TransferAck]) -> None:
+        if call.cancelled() or call.exception() is not None:
+            self.mailbox.wake()
+
+    def _stub_locked(self, dst: str) -> _LinkStub:
         """The reused stub for `dst`; call with self._lock held."""
         entry = self._channels.get(dst)
         if entry is None:
@@ -351,15 +361,23 @@ class LinkEndpoint:
                 channel = grpc.secure_channel(
                     address, self._channel_credentials, options=self._channel_options
                 )
-            entry = (channel, link_pb2_grpc.LinkServiceStub(channel))
+            entry = (channel, _LinkStub(channel))
             self._channels[dst] = entry
         return entry[1]
 
     # ------------------------------------------------------------------ receiving, probing
 
-    def receive(self, tag: str, step: int, src: str, timeout_s: float) -> Message:
-        """The message (tag, step, src), waiting up to `timeout_s` seconds (wall time)."""
-        return self.mailbox.take(tag, step, src, timeout_s)
+    def receive(
+        self,
+        tag: str,
+        step: int,
+        src: str,
+        timeout_s: float,
+        give_up: Callable[[], BaseException | None] = lambda: None,
+    ) -> Message:
+        """The message (tag, step, src), waiting up to `timeout_s` seconds (wall time).
+        `give_up` is asked whenever the wait wakes; what it returns is raised."""
+        return self.mailbox.take(tag, step, src, timeout_s, give_up)
 
     def ping(self, dst: str, timeout_s: float = 5.0) -> tuple[str, int]:
         """(peer socket id, peer emulated clock in ns), over the link to `dst`."""
@@ -373,7 +391,7 @@ class LinkEndpoint:
             stub = self._stub_locked(dst)
             address = self._peers[dst]
         try:
-            reply = stub.Ping(link_pb2.PingRequest(src_socket_id=self.socket_id), timeout=timeout_s)
+            reply = stub.ping(link_pb2.PingRequest(src_socket_id=self.socket_id), timeout=timeout_s)
         except grpc.RpcError as e:
             raise LinkFailure(_rpc_failure(what, e, dst, address, timeout_s)) from None
         return str(reply.socket_id), int(reply.emulated_clock_ns)
@@ -392,7 +410,6 @@ class LinkEndpoint:
         self._server.stop(0).wait()
         for channel in channels:
             channel.close()  # cancels in-flight sends: they fail as LinkFailure
-        self._send_pool.shutdown(wait=False, cancel_futures=True)
         self._server_pool.shutdown(wait=False, cancel_futures=True)
 
     def __enter__(self) -> LinkEndpoint:
@@ -414,7 +431,143 @@ class LinkEndpoint:
             return True
 
 
-class _LinkServicer(link_pb2_grpc.LinkServiceServicer):
+class _Pending:
+    """One transfer on the wire: its gRPC future, or the failure that kept it home."""
+
+    def __init__(
+        self,
+        call: grpc.Future[link_pb2.TransferAck] | None,
+        what: str,  # "src -> dst: transfer 'tag' step n", for messages
+        label: str,  # "dst step n", for a list of failures
+        address: str,  # the peer's link address
+        timeout_s: float,
+        streamed: bool = False,  # reads the caller's buffer until acknowledged
+        failure: LinkFailure | None = None,
+    ) -> None:
+        self.call, self.what, self.label, self.address = call, what, label, address
+        self.timeout_s, self.streamed = timeout_s, streamed
+        self._failure = failure
+
+    def done(self) -> bool:
+        return self.call is None or self.call.done()
+
+    def failure(self) -> LinkFailure | None:
+        """Its failure once it has ended (None: acknowledged, or still on the wire)."""
+        if self._failure is None and self.call is not None and self.call.done():
+            try:
+                self.call.result()
+            except grpc.RpcError as e:
+                dst = self.label.split(" ", 1)[0]
+                self._failure = LinkFailure(
+                    _rpc_failure(self.what, e, dst, self.address, self.timeout_s)
+                )
+            except grpc.FutureCancelledError:
+                self._failure = LinkFailure(f"{self.what} failed: cancelled")
+        return self._failure
+
+    def result(self) -> int:
+        """Wait for the acknowledgement; the payload bytes the receiver got."""
+        if self.call is not None:
+            try:
+                ack = self.call.result()
+            except (grpc.RpcError, grpc.FutureCancelledError):
+                pass
+            else:
+                return int(ack.bytes_received)
+        failure = self.failure()
+        assert failure is not None
+        raise failure
+
+
+class Sends:
+    """Transfers put on the wire by `LinkEndpoint.start_all`, in their order."""
+
+    def __init__(self, pending: list[_Pending]) -> None:
+        self._pending = pending
+
+    @property
+    def reads_payload(self) -> bool:
+        """Whether a streamed payload is still being read from the caller's buffer."""
+        return any(p.streamed and not p.done() for p in self._pending)
+
+    def failure(self) -> LinkFailure | None:
+        """The first failure among the transfers that have ended; never waits."""
+        for p in self._pending:
+            if p.done() and (failure := p.failure()) is not None:
+                return failure
+        return None
+
+    def wait(self) -> list[int]:
+        """Wait for every transfer; their received byte counts, in order. Raises the
+        first failure (in order), naming the others that failed too."""
+        results: list[int] = []
+        failed: list[tuple[_Pending, LinkFailure]] = []
+        for p in self._pending:
+            try:
+                results.append(p.result())
+            except LinkFailure as e:
+                failed.append((p, e))
+        if not failed:
+            return results
+        first = failed[0][1]
+        if len(failed) == 1:
+            raise first
+        others = ", ".join(p.label for p, _ in failed[1:])
+        raise LinkFailure(f"{first} (also failed: {others})") from first
+
+    def cancel(self) -> None:
+        """Cancel what is still on the wire (after the caller gave up on the collective)."""
+        for p in self._pending:
+            if p.call is not None:
+                p.call.cancel()
+
+
+class _LinkStub:
+    """LinkService's calls, with requests encoded by link_wire (already bytes: no
+    serializer) and the generated classes for everything small."""
+
+    def __init__(self, channel: grpc.Channel) -> None:
+        self.transfer: grpc.StreamUnaryMultiCallable[bytes, link_pb2.TransferAck]
+        self.transfer = channel.stream_unary(
+            f"/{SERVICE}/Transfer", response_deserializer=link_pb2.TransferAck.FromString
+        )
+        self.deliver: grpc.UnaryUnaryMultiCallable[bytes, link_pb2.TransferAck]
+        self.deliver = channel.unary_unary(
+            f"/{SERVICE}/Deliver", response_deserializer=link_pb2.TransferAck.FromString
+        )
+        self.ping = channel.unary_unary(
+            f"/{SERVICE}/Ping",
+            request_serializer=link_pb2.PingRequest.SerializeToString,
+            response_deserializer=link_pb2.PingResponse.FromString,
+        )
+
+
+def _handlers(servicer: _LinkServicer) -> grpc.GenericRpcHandler:
+    """The servicer's methods as a gRPC handler, requests decoded by link_wire."""
+    ack = link_pb2.TransferAck.SerializeToString
+    return grpc.method_handlers_generic_handler(
+        SERVICE,
+        {
+            "Transfer": grpc.stream_unary_rpc_method_handler(
+                servicer.Transfer,
+                request_deserializer=link_wire.decode_chunk,
+                response_serializer=ack,
+            ),
+            "Deliver": grpc.unary_unary_rpc_method_handler(
+                servicer.Deliver,
+                request_deserializer=link_wire.decode_delivery,
+                response_serializer=ack,
+            ),
+            "Ping": grpc.unary_unary_rpc_method_handler(
+                servicer.Ping,
+                request_deserializer=link_pb2.PingRequest.FromString,
+                response_serializer=link_pb2.PingResponse.SerializeToString,
+            ),
+        },
+    )
+
+
+class _LinkServicer:
     """LinkService of one endpoint; runs on the gRPC server's threads."""
 
     def __init__(self, endpoint: LinkEndpoint) -> None:
@@ -422,57 +575,51 @@ class _LinkServicer(link_pb2_grpc.LinkServiceServicer):
 
     def Transfer(  # noqa: N802 (gRPC method name)
         self,
-        request_iterator: Iterator[link_pb2.TransferChunk],
+        request_iterator: Iterator[link_wire.Chunk],
         context: grpc.ServicerContext,
     ) -> link_pb2.TransferAck:
         me = self._endpoint.socket_id
         invalid = grpc.StatusCode.INVALID_ARGUMENT
-        first = next(request_iterator, None)
-        kind = None if first is None else first.WhichOneof("chunk")
-        if first is None or kind != "header":
-            got = "an empty stream" if first is None else f"a {kind or 'empty'} chunk"
+        first = next(request_iterator, _END)
+        if not isinstance(first, link_pb2.TransferHeader):
+            got = (
+                "an empty stream"
+                if first is _END
+                else "a data chunk"
+                if first
+                else "an empty chunk"
+            )
             _abort(context, invalid, f"{me}: the first chunk must be a header, got {got}")
-        h = first.header
+        h = first
         self._admit(h, context)
         total = h.total_bytes
-        buf: bytearray | None = None
-        if not h.timing_only:
-            try:
-                buf = bytearray(total)  # one allocation; chunks are copied into place
-            except MemoryError:
-                _abort(
-                    context,
-                    grpc.StatusCode.RESOURCE_EXHAUSTED,
-                    f"{me}: cannot hold a {total:,}-byte transfer from {h.src_socket_id}",
-                )
+        # The chunks are kept as gRPC handed them over (views, no copy): the consumer
+        # reads them in order (Message.parts).
+        parts: list[memoryview | bytes] = []
         received = 0
         for chunk in request_iterator:
-            if chunk.WhichOneof("chunk") == "header":
+            if isinstance(chunk, link_pb2.TransferHeader):
                 _abort(context, invalid, f"{me}: a header repeated after the first chunk")
-            data = chunk.data  # read once: each read of a bytes field is a fresh copy
-            n = len(data)
-            if buf is None:
-                if n:
-                    self._check_size(h, n, context)  # aborts: timing-only with data
+            if not chunk:  # an empty chunk
                 continue
-            if received + n > total:
-                self._check_size(h, received + n, context)  # aborts: more than declared
-            buf[received : received + n] = data
+            n = len(chunk)
+            if h.timing_only or received + n > total:
+                self._check_size(h, received + n, context)  # aborts: data not declared
+            parts.append(chunk)
             received += n
-        if buf is not None:
+        if not h.timing_only:
             self._check_size(h, received, context)
-        # The bytearray itself becomes the payload: no final copy of the whole transfer.
-        return self._store(h, buf, received, context)
+        return self._store(h, None if h.timing_only else tuple(parts), received, context)
 
     def Deliver(  # noqa: N802 (gRPC method name)
-        self, request: link_pb2.Delivery, context: grpc.ServicerContext
+        self, request: link_wire.Delivered, context: grpc.ServicerContext
     ) -> link_pb2.TransferAck:
         h = request.header
         self._admit(h, context)
-        data = request.data  # read once: each read of a bytes field is a fresh copy
+        data = request.data
         self._check_size(h, len(data), context)
-        # The request's bytes are the payload as they are: no copy.
-        return self._store(h, None if h.timing_only else data, len(data), context)
+        # The request's bytes are the payload as they came (a view: no copy).
+        return self._store(h, None if h.timing_only else (data,), len(data), context)
 
     # Shared by Transfer and Deliver: the checks before any data is accepted, the size
     # check after, and the hand-over to the mailbox with its acknowledgement.
@@ -527,7 +674,7 @@ class _LinkServicer(link_pb2_grpc.LinkServiceServicer):
     def _store(
         self,
         h: link_pb2.TransferHeader,
-        payload: bytes | bytearray | None,
+        parts: tuple[Buffer, ...] | None,
         received: int,
         context: grpc.ServicerContext,
     ) -> link_pb2.TransferAck:
@@ -539,7 +686,7 @@ class _LinkServicer(link_pb2_grpc.LinkServiceServicer):
             step=h.collective_step,
             arrival_ns=h.emulated_arrival_ns,
             nbytes=h.total_bytes,
-            payload=payload,
+            parts=parts,
             dtype=h.dtype,
             shape=tuple(h.shape),
         )
@@ -565,18 +712,14 @@ class _LinkServicer(link_pb2_grpc.LinkServiceServicer):
         return link_pb2.PingResponse(socket_id=me, emulated_clock_ns=now_ns)
 
 
-def _chunks(
-    header: link_pb2.TransferHeader, data: memoryview | None
-) -> Iterator[link_pb2.TransferChunk]:
-    """The request stream: the header, then the payload in CHUNK_BYTES slices.
+def _chunks(header: link_pb2.TransferHeader, data: memoryview) -> Iterator[bytes]:
+    """The request stream, encoded: the header, then the payload in CHUNK_BYTES slices.
 
-    Slicing the memoryview copies nothing; protobuf's bytes field accepts only bytes, so
-    each slice is copied once (1 MiB at a time), never the whole payload up front."""
-    yield link_pb2.TransferChunk(header=header)
-    if data is None:
-        return
+    Slicing the memoryview copies nothing; each chunk's encoding copies its slice once
+    (1 MiB at a time), never the whole payload up front."""
+    yield link_wire.encode_header_chunk(header)
     for offset in range(0, len(data), CHUNK_BYTES):
-        yield link_pb2.TransferChunk(data=bytes(data[offset : offset + CHUNK_BYTES]))
+        yield link_wire.encode_data_chunk(data[offset : offset + CHUNK_BYTES])
 
 
 def _rpc_failure(what: str, e: grpc.RpcError, dst: str, address: str, timeout_s: float) -> str:

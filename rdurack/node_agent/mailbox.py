@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from rdurack.rack.errors import InvalidRequest, LinkFailure
 
 # (collective tag, collective step, sending socket id): one message per key.
 Key = tuple[str, int, str]
+# What received data comes in; np.frombuffer takes any of them.
+Buffer = bytes | bytearray | memoryview
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,11 +30,20 @@ class Message:
     step: int  # step within the collective
     arrival_ns: int  # emulated arrival computed by the sender's link model, ns
     nbytes: int  # declared size, bytes (what the link model charged)
-    # The data (read-only by convention; np.frombuffer takes either type); None for a
-    # timing-only transfer.
-    payload: bytes | bytearray | None
+    # The data in the pieces it arrived in, in order (read-only by convention; views
+    # into the bytes gRPC received, not copies); None for a timing-only transfer.
+    parts: tuple[Buffer, ...] | None
     dtype: str  # numpy dtype name of the payload, "" when none
     shape: tuple[int, ...]  # elements per dimension; () when none
+
+    @property
+    def payload(self) -> Buffer | None:
+        """The data as one buffer: the only part as it is, several joined (a copy)."""
+        if self.parts is None:
+            return None
+        if len(self.parts) == 1:
+            return self.parts[0]
+        return b"".join(self.parts)
 
 
 class Mailbox:
@@ -59,11 +71,20 @@ class Mailbox:
             # Every waiter re-checks its own key; waking one could wake the wrong one.
             self._cond.notify_all()
 
-    def take(self, tag: str, step: int, src: str, timeout_s: float) -> Message:
+    def take(
+        self,
+        tag: str,
+        step: int,
+        src: str,
+        timeout_s: float,
+        give_up: Callable[[], BaseException | None] = lambda: None,
+    ) -> Message:
         """Block until the message (tag, step, src) is here, remove and return it.
 
         Raises LinkFailure after `timeout_s` seconds (wall time) without it, or at once
-        once `abort` was called.
+        once `abort` was called. `give_up` is asked before each wait and whenever the
+        wait wakes (`wake`): an exception it returns is raised at once (the waiter's own
+        sends failed: the reply may never come).
         """
         if not timeout_s >= 0:  # also refuses NaN
             raise InvalidRequest(f"timeout_s must be >= 0, got {timeout_s}")
@@ -76,6 +97,9 @@ class Mailbox:
                         f"{self.owner}: stopped waiting for {src} ({tag!r} step {step}): "
                         f"{self._aborted}"
                     )
+                reason = give_up()
+                if reason is not None:
+                    raise reason
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise LinkFailure(
@@ -101,6 +125,11 @@ class Mailbox:
         with self._cond:
             self._aborted = None
             self._messages.clear()
+
+    def wake(self) -> None:
+        """Wake every waiter to ask its `give_up` again."""
+        with self._cond:
+            self._cond.notify_all()
 
     def discard(self, tag: str) -> int:
         """Drop every pending message of `tag` (cleanup after a failed collective), so a

@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 from opentelemetry import trace
 from opentelemetry.util.types import AttributeValue
 
-from rdurack.node_agent.link_server import LinkEndpoint, OutgoingTransfer
-from rdurack.node_agent.rank import RankRunner
+from rdurack.node_agent.link_server import LinkEndpoint, OutgoingTransfer, Sends
+from rdurack.node_agent.mailbox import Message
 from rdurack.rack.clock import EmulatedClock
 from rdurack.rack.collectives import (
     WHOLE,
@@ -49,7 +50,13 @@ from rdurack.workloads.bundle import BundleShare, ProgramRunner
 from rdurack.workloads.predictor import Predictor
 from rdurack.workloads.program import Deploy, Generate, Kernel, Op, OpRun, ProgramRun, Switch
 from rdurack.workloads.tiny_lm import TinyLM, TinyLMConfig, TinyLMShard, generate
-from rdurack.workloads.training.job import RankReport, TrainingWorkload
+
+if TYPE_CHECKING:
+    # Imported where a job trains (Socket.train): most sockets never do, and the
+    # training stack is about a third of what a socket actor imports at its start
+    # (~50 of ~145 ms on this machine), paid by 16 actors in every bring-up.
+    from rdurack.node_agent.rank import RankRunner
+    from rdurack.workloads.training.job import RankReport, TrainingWorkload
 
 COLLECTIVE_OPS = ("all_reduce", "broadcast", "all_gather", "barrier", "send")
 
@@ -402,6 +409,8 @@ class Socket:
         rank; later calls continue it. A span covers each segment."""
         self._hold(job_id)
         if self._trainer is None or self._trainer.job_id != job_id:
+            from rdurack.node_agent.rank import RankRunner  # see the imports at the top
+
             self._trainer = RankRunner(
                 self, job_id, workload, platform_name, group, self._models, checkpoint_dir, loop
             )
@@ -648,42 +657,54 @@ class Socket:
     ) -> tuple[int, int]:
         me = self.id
         sent = received = 0
-        for index, step in enumerate(schedule):
-            outgoing = []
-            for s in (s for s in step if s.src == me):
-                _, arrival = self._links.state(me, s.dst).transmit(self.clock.now_ns, s.nbytes)
-                arrival += self._delay_ns.get(str(s.dst), 0)  # a delayed link (fault)
-                payload = None
-                if buffer is not None:
-                    # No copy: send_all returns only after every ack, so the chunk is
-                    # not changed while it is on the wire.
-                    payload = _chunk(buffer, s).data
-                outgoing.append(
-                    OutgoingTransfer(
-                        dst=str(s.dst),
-                        tag=tag,
-                        step=index,
-                        send_ns=self.clock.now_ns,
-                        arrival_ns=arrival,
-                        nbytes=s.nbytes,
-                        payload=payload,
-                        dtype=str(buffer.dtype) if buffer is not None else "",
+        # Sends go on the wire and the socket takes its incoming messages at once: each
+        # step waits for its input, not for its own acknowledgements too. They are all
+        # collected at the end; one that failed ends the wait for a reply at once.
+        pending: list[Sends] = []
+
+        def failed() -> LinkFailure | None:
+            return next((e for p in pending if (e := p.failure()) is not None), None)
+
+        try:
+            for index, step in enumerate(schedule):
+                outgoing = []
+                for s in (s for s in step if s.src == me):
+                    _, arrival = self._links.state(me, s.dst).transmit(self.clock.now_ns, s.nbytes)
+                    arrival += self._delay_ns.get(str(s.dst), 0)  # a delayed link (fault)
+                    outgoing.append(
+                        OutgoingTransfer(
+                            dst=str(s.dst),
+                            tag=tag,
+                            step=index,
+                            send_ns=self.clock.now_ns,
+                            arrival_ns=arrival,
+                            nbytes=s.nbytes,
+                            # A view, no copy: start_all copies it into its message, or
+                            # (streamed) is waited for below before the buffer changes.
+                            payload=None if buffer is None else _chunk(buffer, s).data,
+                            dtype=str(buffer.dtype) if buffer is not None else "",
+                        )
                     )
-                )
-                sent += s.nbytes
-            if outgoing:
-                self._endpoint.send_all(outgoing, timeout_s=self.timeout_s)
-            for s in (s for s in step if s.dst == me):
-                msg = self._endpoint.receive(tag, index, str(s.src), self.timeout_s)
-                self.clock.advance_to(msg.arrival_ns)
-                received += s.nbytes
-                if buffer is not None and msg.payload is not None:
-                    incoming = np.frombuffer(msg.payload, dtype=buffer.dtype)
-                    target = _chunk(buffer, s)
-                    if s.reduce:
-                        target += incoming
-                    else:
-                        target[...] = incoming
+                    sent += s.nbytes
+                if outgoing:
+                    sends = self._endpoint.start_all(outgoing, timeout_s=self.timeout_s)
+                    pending.append(sends)
+                    if sends.reads_payload:
+                        sends.wait()
+                for s in (s for s in step if s.dst == me):
+                    msg = self._endpoint.receive(
+                        tag, index, str(s.src), self.timeout_s, give_up=failed
+                    )
+                    self.clock.advance_to(msg.arrival_ns)
+                    received += s.nbytes
+                    if buffer is not None and msg.parts is not None:
+                        _apply(_chunk(buffer, s), msg, s.reduce)
+            for sends in pending:
+                sends.wait()
+        except LinkFailure:
+            for sends in pending:
+                sends.cancel()
+            raise
         if op == "all_gather" and buffer is not None:
             # Reorder blocks from ring positions to rank order.
             ring = self.topology.ring(members)
@@ -757,6 +778,23 @@ def _chunk(buffer: np.ndarray, send: ScheduledSend) -> np.ndarray:
     sizes = split(buffer.size, send.parts)
     lo = sum(sizes[: send.chunk])
     return buffer[lo : lo + sizes[send.chunk]]
+
+
+def _apply(target: np.ndarray, msg: Message, reduce: bool) -> None:
+    """Add (`reduce`) or copy a received message's data into `target`, part by part as
+    it arrived: no copy of the whole message first."""
+    parts = msg.parts or ()
+    if any(len(p) % target.itemsize for p in parts[:-1]):
+        parts = (msg.payload or b"",)  # parts not on element boundaries: join them
+    offset = 0
+    for part in parts:
+        incoming = np.frombuffer(part, dtype=target.dtype)
+        piece = target[offset : offset + incoming.size]
+        if reduce:
+            piece += incoming
+        else:
+            piece[...] = incoming
+        offset += incoming.size
 
 
 def _op_span(op: Op, run: OpRun) -> tuple[str, dict[str, AttributeValue]]:

@@ -52,6 +52,7 @@ from rdurack.orchestrator.health import DEAD_AFTER_S, INTERVAL_S, Change, Health
 from rdurack.orchestrator.jobs import IllegalTransition, Job, JobSpec, JobState, KernelWorkload
 from rdurack.orchestrator.platforms import job_platform
 from rdurack.orchestrator.scheduler import Scheduler
+from rdurack.orchestrator.signals import JobSignals
 from rdurack.orchestrator.store import Event, JobStore
 from rdurack.orchestrator.training_job import training_result, validate_training
 from rdurack.rack.errors import (
@@ -150,7 +151,7 @@ class Orchestrator:
         self.models = builtin_models()
         self._topology = Topology(platform)
         self._wake = threading.Condition()
-        self._events = threading.Condition()  # notified on every new event (watchers)
+        self._signals = JobSignals()  # wakes a job's watchers on its new events
         self._stop = threading.Event()
         self._cancelled: set[str] = set()
         self._workers = ThreadPoolExecutor(max_workers=platform.sockets, thread_name_prefix="job")
@@ -178,8 +179,7 @@ class Orchestrator:
         if self._thread is not None:
             self._thread.join(timeout=10)
         self._workers.shutdown(wait=True, cancel_futures=False)
-        with self._events:
-            self._events.notify_all()
+        self._signals.stop()
 
     # ------------------------------------------------------------------ the API
 
@@ -232,7 +232,7 @@ class Orchestrator:
             uuid.uuid4().hex[:12], spec, client_request_id or None, tenant
         )
         if created:
-            self._notify()
+            self._notify(job.id)
             self._kick()
         return job, created
 
@@ -263,7 +263,7 @@ class Orchestrator:
         self._cancelled.add(job_id)
         why = reason or "cancelled by the client"
         job = self.store.transition(job_id, JobState.CANCELLED, reason=why, error=why)
-        self._notify()
+        self._notify(job_id)
         self._kick()
         return job
 
@@ -280,17 +280,20 @@ class Orchestrator:
         """Every event of a job after `after`, as they happen, until the job is finished
         (or the watcher goes away, or the orchestrator stops)."""
         self.get(job_id, tenant)  # unknown (or not its) ids fail now, not after a wait
-        while True:
-            events = self.store.events(job_id, after)
-            yield from events
-            if events:
-                after = events[-1].seq
-            if self.store.get(job_id).state.terminal and not self.store.events(job_id, after):
-                return
-            with self._events:
+        with self._signals.watching(job_id) as signal:
+            while True:
+                seen = signal.version()  # before reading: a change after it wakes us
+                events = self.store.events(job_id, after)
+                yield from events
+                if events:
+                    after = events[-1].seq
+                if self.store.get(job_id).state.terminal and not self.store.events(job_id, after):
+                    return
                 if not still_wanted() or self._stop.is_set():
                     return
-                self._events.wait(timeout=self.poll_s)
+                # Woken by the job's next event; the timeout only bounds how late a
+                # watcher notices that its client went away.
+                signal.wait(seen, timeout_s=self.poll_s)
 
     def rack(self, tenant: str | None = None) -> list[NodeView]:
         """Every node and socket as its agent reports it, with the health watcher's
@@ -350,9 +353,9 @@ class Orchestrator:
         with self._wake:
             self._wake.notify_all()
 
-    def _notify(self) -> None:
-        with self._events:
-            self._events.notify_all()
+    def _notify(self, job_id: str) -> None:
+        """`job_id` has a new event: wake its watchers."""
+        self._signals.notify(job_id)
 
     def _loop(self) -> None:
         while not self._stop.is_set():
@@ -366,21 +369,42 @@ class Orchestrator:
     def schedule_once(self) -> int:
         """One scheduling round; returns how many jobs it started."""
         began = time.time_ns()
-        now = time.monotonic()
-        queued = [j for j in self.store.queued() if self._not_before.get(j.id, 0.0) <= now]
-        if not queued:
+        if not self.store.any_queued():
             return 0
+        # The cheap questions first: while every socket is taken, a round can place
+        # nothing, so it neither asks the agents nor reads the queue. (Such a round
+        # counts against no job's starvation guard either: nothing overtakes anyone.)
         active = self.store.list(list(ACTIVE))
         busy = {s for j in active for s in j.sockets}
+        if len(busy) >= self.platform.sockets:
+            return 0
         nodes = self.gateway.nodes()
         # A socket an agent reports held is busy, whatever the store says.
         busy |= {s.socket_id for n in nodes for s in n.sockets if s.job_id}
+        unhealthy = self._unhealthy(nodes)
+        if len(busy | unhealthy) >= self.platform.sockets:
+            return 0
         allowance = {t: q - self._in_use(t, active) for t, q in self.quotas.items()}
-        placements = self.scheduler.schedule(queued, busy, self._unhealthy(nodes), allowance)
+        now = time.monotonic()
+        # The queue is read a page at a time, as far as the round gets (all 1-socket jobs
+        # and 3 free sockets: one page, however long the queue). A job backing off after
+        # a failed attempt is skipped until its time comes.
+        walked: dict[str, Job] = {}
+
+        def queued() -> Iterator[Job]:
+            for job in self.store.queued_lazily():
+                if self._not_before.get(job.id, 0.0) > now:
+                    continue
+                walked[job.id] = job
+                yield job
+
+        placements = self.scheduler.schedule(
+            queued(), busy, unhealthy, allowance, still_queued=self.store.queued_ids()
+        )
         if not placements:
             return 0
         started = 0
-        by_id = {j.id: j for j in queued}
+        by_id = walked
         with self._tracer.start_as_current_span(names.SPAN_SCHEDULE, start_time=began) as span:
             for p in placements:
                 if self._place(by_id[p.job_id], p.sockets):
@@ -438,8 +462,9 @@ class Orchestrator:
                 self._release(node, job.id, ids)
             if not isinstance(e, IllegalTransition):
                 self.store.add_event(job.id, "placement", {"error": str(e)})
+                self._notify(job.id)
             return False
-        self._notify()
+        self._notify(job.id)
         # The job's span links to the round that placed it.
         self._workers.submit(self._run, job.id, trace.get_current_span().get_span_context())
         return True
@@ -504,7 +529,7 @@ class Orchestrator:
                 self._runs.pop(job_id, None)
             for node, ids in nodes.items():
                 self._release(node, job_id, ids)
-            self._notify()
+            self._notify(job_id)
             self._kick()
 
     def _lost(self, run: _Run) -> str | None:
@@ -610,7 +635,7 @@ class Orchestrator:
         job = self.store.transition(
             job.id, JobState.RUNNING, attempts=job.attempts + 1, emulated_start_ns=start
         )
-        self._notify()
+        self._notify(job.id)
         return job, start
 
     def _execute(self, job: Job, nodes: dict[int, list[str]], run: _Run) -> None:
@@ -648,7 +673,7 @@ class Orchestrator:
                     "emulated_ns": now,
                 },
             )
-            self._notify()
+            self._notify(job.id)
         result = self._result(w, now - start, total, calls, hbm_bytes)
         # The result event first: a watcher stops once the job is finished.
         self.store.add_event(job.id, "result", result)
@@ -680,7 +705,7 @@ class Orchestrator:
                         "emulated_ns": start + emulated_ns,
                     },
                 )
-                self._notify()
+                self._notify(job.id)
 
         engine = CoeEngine(
             w,
@@ -757,7 +782,7 @@ class Orchestrator:
                     "emulated_ns": max(r.end_ns for r in reports),
                 },
             )
-            self._notify()
+            self._notify(job.id)
             if all(r.finished for r in reports):
                 break
             segment = max(1, lead.total // self.progress_chunks)

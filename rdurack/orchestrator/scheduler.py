@@ -36,7 +36,7 @@ Policy (what `Scheduler.schedule` does each round):
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 # Relative import: the layering test forbids this package from importing
@@ -133,16 +133,19 @@ class Scheduler:
 
     def schedule(
         self,
-        queued: Sequence[Job],
+        queued: Iterable[Job],
         busy: Collection[str],
         unhealthy: Collection[str] = (),
         allowance: Mapping[str, int] | None = None,
+        still_queued: Collection[str] | None = None,
     ) -> list[Placement]:
         """Placements for the jobs of `queued` (priority desc, then FIFO) that start now.
 
         They never overlap each other, `busy` (held by other jobs) or `unhealthy`, and no
         tenant in `allowance` gets more sockets than it allows. Updates the starvation
-        counters (module docstring)."""
+        counters (module docstring). `queued` is walked only as far as the round needs
+        (it may be read lazily); then `still_queued`, the ids of every queued job, says
+        whose counters to keep (None: `queued` was the whole queue)."""
         left = dict(allowance or {})
         healthy = self._masks(unhealthy)
         free = self._masks(busy, start=healthy)
@@ -153,9 +156,11 @@ class Scheduler:
         fits_idle: dict[int, bool] = {}  # sizes that fit the healthy rack with no job on it
         skipped: list[tuple[int, str]] = []  # (queue position, job id) of jobs not placed
         last_placed = -1
-        for pos, job in enumerate(queued):
-            if free_count == 0:
-                break  # nothing later can start, and nothing later overtakes anyone
+        walked: list[Job] = []
+        # Once no socket is free, nothing later can start and nothing later overtakes
+        # anyone: the walk stops there (before reading the next job).
+        for pos, job in enumerate(queued if free_count else ()):
+            walked.append(job)
             k = job.spec.sockets
             if job.tenant in left and k > left[job.tenant]:
                 continue  # over its tenant's quota for now (module docstring)
@@ -166,6 +171,8 @@ class Scheduler:
                 last_placed = pos
                 if job.tenant in left:
                     left[job.tenant] -= k
+                if free_count == 0:
+                    break
                 continue
             failed.add(k)
             skipped.append((pos, job.id))
@@ -178,7 +185,8 @@ class Scheduler:
         # Count a round against each skipped job that some later job overtook; keep only
         # counters of jobs still queued and not placed (a placed job's wait is over).
         overtaken = {job_id for pos, job_id in skipped if pos < last_placed}
-        waiting = {j.id for j in queued} - {p.job_id for p in placements}
+        known = set(still_queued) if still_queued is not None else {j.id for j in walked}
+        waiting = known - {p.job_id for p in placements}
         counts = {job_id: n for job_id, n in self.skips.items() if job_id in waiting}
         for job_id in overtaken:
             counts[job_id] = counts.get(job_id, 0) + 1

@@ -4,9 +4,13 @@ A job is written, and the write is on disk, before the orchestrator acknowledges
 restarted orchestrator opens the same file, calls `recover()` and carries on with every
 job it had. All SQL of the orchestrator lives in this module.
 
-One connection serves every thread (the gRPC server's workers share the store): a lock
-serializes its use, and every write is one `BEGIN IMMEDIATE` transaction, so a job row
-and the event that records its change are both written or neither is.
+One connection writes for every thread (the gRPC server's workers share the store): a
+lock serializes its use, and every write is atomic, so a job row and the event that
+records its change are both written or neither is. Writes are group-committed
+(group_commit.py): writes that arrive while a commit is on its way to the disk share the
+next one, and none returns before its commit does. Reads go through a second connection,
+which sees committed data only (WAL); an in-memory store, which has one connection only,
+reads through the writer's.
 """
 
 from __future__ import annotations
@@ -17,11 +21,12 @@ import sqlite3
 import threading
 import time
 from collections.abc import Collection, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from rdurack.orchestrator.group_commit import GroupCommit
 from rdurack.orchestrator.jobs import Job, JobSpec, JobState
 from rdurack.rack.errors import InvalidRequest, RdurackError, UnknownName
 
@@ -84,6 +89,9 @@ _V1_COLUMNS = (
 )
 _JOB_COLUMNS = "tenant, " + _V1_COLUMNS
 
+# Parsed job specs the store keeps for reuse (see JobStore._spec); about 1-2 KB each.
+SPEC_CACHE = 10_000
+
 RESTART_ERROR = "orchestrator restarted while the job was running (attempt {n} of {m})"
 
 
@@ -123,16 +131,21 @@ class JobStore:
         # isolation_level=None: no implicit transactions; `_write` opens them explicitly,
         # so what is atomic is visible in the code. check_same_thread=False: the gRPC
         # worker threads share this connection, and `_lock` serializes them.
-        self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-        self._db.row_factory = sqlite3.Row  # columns by name in `_job`
+        self._db = _connect(self.path)
         self._lock = threading.Lock()
+        self._commits = GroupCommit(self._db, self._lock)
+        self._reader, self._read_lock = self._db, self._lock  # a file's: set by _open
+        # Parsed specs by job id (see `_spec`), oldest first; its own lock: rows are
+        # turned into jobs outside `_lock`.
+        self._specs: dict[str, JobSpec] = {}
+        self._specs_lock = threading.Lock()
         try:
             self._open(in_memory)
         except sqlite3.DatabaseError as e:  # e.g. "file is not a database"
-            self._db.close()
+            self._close()
             raise InvalidRequest(f"cannot open job store {self.path}: {e}") from e
         except BaseException:
-            self._db.close()
+            self._close()
             raise
 
     def _open(self, in_memory: bool) -> None:
@@ -165,6 +178,11 @@ class JobStore:
             if found < SCHEMA_VERSION:
                 db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
         self._db.execute("PRAGMA foreign_keys=ON")
+        if not in_memory:
+            # Opened after the schema exists; WAL is a property of the file, so this
+            # connection reads committed data only, without waiting for the writer.
+            self._reader, self._read_lock = _connect(self.path), threading.Lock()
+            self._reader.execute("PRAGMA query_only=ON")
 
     @staticmethod
     def _migrate_v1(db: sqlite3.Connection) -> None:
@@ -181,33 +199,38 @@ class JobStore:
 
     # ------------------------------------------------------------------ plumbing
 
-    @contextmanager
-    def _write(self) -> Iterator[sqlite3.Connection]:
-        """One atomic write: the lock, then BEGIN IMMEDIATE ... COMMIT (or ROLLBACK)."""
-        # IMMEDIATE takes SQLite's write lock before the first read, so a read-check-write
-        # sequence cannot interleave with another process writing the same file.
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                yield self._db
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            self._db.execute("COMMIT")
+    def _write(self) -> AbstractContextManager[sqlite3.Connection]:
+        """One atomic write, on disk when the block exits (group_commit.py)."""
+        return self._commits.write()
 
     @contextmanager
     def _read(self) -> Iterator[sqlite3.Connection]:
-        # Reads still take the lock: a sqlite3 connection is not safe to use from two
-        # threads at once, and a read must not run inside another thread's transaction.
-        with self._lock:
-            yield self._db
+        # Reads take the reader's lock: a sqlite3 connection is not safe to use from two
+        # threads at once.
+        with self._read_lock:
+            yield self._reader
 
-    @staticmethod
-    def _job(row: sqlite3.Row) -> Job:
+    def _spec(self, job_id: str, text: str) -> JobSpec:
+        """The job's spec parsed from its JSON, from the cache when it was parsed before.
+
+        A spec never changes after submission, so a parsed (frozen) one is reused: the
+        scheduler reads every queued job each round, and validating thousands of specs
+        per round was most of the orchestrator's CPU under a stream of submissions."""
+        with self._specs_lock:
+            spec = self._specs.get(job_id)
+        if spec is None:
+            spec = JobSpec.model_validate_json(text)
+            with self._specs_lock:
+                self._specs[job_id] = spec
+                if len(self._specs) > SPEC_CACHE:
+                    del self._specs[next(iter(self._specs))]  # the oldest entry
+        return spec
+
+    def _job(self, row: sqlite3.Row) -> Job:
         result = row["result"]
         return Job(
             id=row["id"],
-            spec=JobSpec.model_validate_json(row["spec"]),
+            spec=self._spec(row["id"], row["spec"]),
             state=JobState(row["state"]),
             seq=row["seq"],
             client_request_id=row["client_request_id"],
@@ -224,13 +247,12 @@ class JobStore:
             error=row["error"],
         )
 
-    @staticmethod
-    def _load(db: sqlite3.Connection, job_id: str) -> Job:
+    def _load(self, db: sqlite3.Connection, job_id: str) -> Job:
         row = db.execute(f"SELECT {_JOB_COLUMNS} FROM jobs WHERE id = ?", (job_id,)).fetchone()
         if row is None:
             # No such job. Do not list the accepted ids: a long-lived store has thousands.
             raise UnknownName("job", job_id, accepted=[])
-        return JobStore._job(row)
+        return self._job(row)
 
     @staticmethod
     def _append_event(
@@ -376,6 +398,41 @@ class JobStore:
             rows = db.execute(query + " ORDER BY seq", args).fetchall()
         return [self._job(r) for r in rows]
 
+    def any_queued(self) -> bool:
+        """Whether any job is PENDING (one index lookup, no job read)."""
+        with self._read() as db:
+            row = db.execute(
+                "SELECT 1 FROM jobs WHERE state = ? LIMIT 1", (JobState.PENDING.value,)
+            ).fetchone()
+        return row is not None
+
+    def queued_lazily(self, page: int = 64) -> Iterator[Job]:
+        """The PENDING jobs in `queued` order, read a page at a time as they are taken:
+        a scheduling round that fills the free sockets early reads a page or two, not a
+        queue of thousands (each a Job to build). Pages are read at different moments: a
+        job queued meanwhile ahead of the position reached waits for the next round."""
+        after: tuple[int, int] | None = None  # (priority, seq) of the last job yielded
+        while True:
+            query = f"SELECT {_JOB_COLUMNS} FROM jobs WHERE state = ?"
+            args: tuple[str | int, ...] = (JobState.PENDING.value,)
+            if after is not None:
+                query += " AND (priority < ? OR (priority = ? AND seq > ?))"
+                args += (after[0], after[0], after[1])
+            with self._read() as db:
+                cursor = db.execute(query + " ORDER BY priority DESC, seq LIMIT ?", (*args, page))
+                rows = cursor.fetchall()
+            for row in rows:
+                yield self._job(row)
+            if len(rows) < page:
+                return
+            after = (rows[-1]["priority"], rows[-1]["seq"])
+
+    def queued_ids(self) -> set[str]:
+        """The ids of every PENDING job (no job read)."""
+        with self._read() as db:
+            rows = db.execute("SELECT id FROM jobs WHERE state = ?", (JobState.PENDING.value,))
+            return {r["id"] for r in rows.fetchall()}
+
     def queued(self) -> builtins.list[Job]:
         """PENDING jobs in the order the scheduler should consider them."""
         with self._read() as db:
@@ -489,14 +546,29 @@ class JobStore:
         return changed
 
     def close(self) -> None:
+        self._close()
+
+    def _close(self) -> None:
         with self._lock:
             self._db.close()
+        if self._reader is not self._db:
+            with self._read_lock:
+                self._reader.close()
 
     def __enter__(self) -> JobStore:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _connect(path: str) -> sqlite3.Connection:
+    # isolation_level=None: no implicit transactions; writes open them explicitly, so
+    # what is atomic is visible in the code. check_same_thread=False: the gRPC worker
+    # threads share the connection, and a lock serializes them.
+    db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    db.row_factory = sqlite3.Row  # columns by name in `_job`
+    return db
 
 
 class _StateChanged(Exception):

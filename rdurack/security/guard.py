@@ -17,7 +17,7 @@ servicers and the pydantic models still check what the values mean (ranges, name
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -240,10 +240,19 @@ _UNDECODABLE = _Undecodable()
 class RequestGuard(grpc.ServerInterceptor):
     """INVALID_ARGUMENT for a request that does not decode as the method's message or
     has a field out of `bounds` (module docstring). gRPC decodes requests before any
-    servicer code could refuse them, so decoding is wrapped here too."""
+    servicer code could refuse them, so decoding is wrapped here too.
 
-    def __init__(self, bounds: Bounds) -> None:
+    `messages_of` names the protobuf messages in a decoded request whose fields are
+    bounded: by default the request itself. A service with its own decoders (the links'
+    zero-copy wire format, node_agent/link_wire.py) says where its messages are."""
+
+    def __init__(
+        self,
+        bounds: Bounds,
+        messages_of: Callable[[Any], Iterable[Message]] = lambda request: (request,),
+    ) -> None:
         self.bounds = bounds
+        self.messages_of = messages_of
 
     def intercept_service(self, continuation: Any, details: Any) -> Any:
         handler = continuation(details)
@@ -251,7 +260,7 @@ class RequestGuard(grpc.ServerInterceptor):
             return handler
         decode = handler.request_deserializer
         method = details.method
-        bounds = self.bounds
+        bounds, messages_of = self.bounds, self.messages_of
 
         def safe(data: bytes) -> Any:
             try:
@@ -266,7 +275,8 @@ class RequestGuard(grpc.ServerInterceptor):
                     f"{method}: the request is not a valid message of this method",
                 )
             try:
-                bounds.check(request)
+                for message in messages_of(request):
+                    bounds.check(message)
             except InvalidRequest as e:
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
             return request

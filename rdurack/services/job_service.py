@@ -181,6 +181,7 @@ def serve_api(
     port: int = 0,
     tls: TlsConfig | None = None,
     health_port: int | None = None,
+    workers: int = 16,
 ) -> Server:
     """The orchestrator's public server: JobService and RackService with their bounds,
     request size limit, tokens (`auth`) and TLS, as orchestrator_main runs it; with
@@ -201,4 +202,5 @@ def serve_api(
         bounds=JOB_BOUNDS,
         max_receive_bytes=JOB_MAX_REQUEST_BYTES,
         health_port=health_port,
+        workers=workers,
     )

@@ -50,6 +50,13 @@ from rdurack.services.job_service import serve_api
 from rdurack.services.stop_signal import StopSignal
 from rdurack.telemetry import setup
 
+# gRPC server threads. Every open WatchJob stream holds one for its whole life, so the
+# pool must outnumber the streams clients keep open, or later calls queue until a stream
+# ends. `make bench`'s 100 WatchJob streams (one run each, loaded machine): with 16
+# threads the first event p99 was 2.4 s and the delivery p99 2.2 s; with 256, 0.6 s and
+# 0.14 s.
+SERVER_WORKERS = 256
+
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     env = os.environ.get
@@ -123,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
             port=args.port,
             tls=tls,
             health_port=args.health_port,
+            workers=SERVER_WORKERS,
         )
     except OSError as e:
         print(f"orchestrator: {e}", file=sys.stderr)

@@ -309,7 +309,7 @@ def test_explicit_port_taken_is_a_link_failure(trio: tuple[LinkEndpoint, ...]) -
 
 
 def _msg(src: str = A, tag: str = "t", step: int = 0) -> Message:
-    return Message(src, tag, step, arrival_ns=1, nbytes=0, payload=None, dtype="", shape=())
+    return Message(src, tag, step, arrival_ns=1, nbytes=0, parts=None, dtype="", shape=())
 
 
 def test_mailbox_refuses_a_duplicate_key() -> None:
@@ -362,3 +362,64 @@ def test_mailbox_abort_fails_waits_until_reset() -> None:
     box.reset()
     box.put(Message("rdu-n0-s1", "t", 0, 1, 0, None, "", ()))
     assert box.take("t", 0, "rdu-n0-s1", timeout_s=1).arrival_ns == 1
+
+
+def test_streamed_payload_is_kept_in_the_chunks_it_came_in(
+    trio: tuple[LinkEndpoint, ...],
+) -> None:
+    """No copy into one buffer on receipt: the consumer gets the chunks, in order."""
+    a, b, _ = trio
+    data = np.arange(3 * CHUNK_BYTES // 4 + 5, dtype=np.float32)
+    a.send(B, "parts", 0, 0, 1, data.nbytes, data.data, dtype="float32")
+    msg = b.receive("parts", 0, A, 2.0)
+    assert msg.parts is not None and [len(p) for p in msg.parts] == [
+        CHUNK_BYTES,
+        CHUNK_BYTES,
+        CHUNK_BYTES,
+        20,
+    ]
+    assert msg.payload == data.tobytes()  # joined on demand
+
+
+def test_start_all_copies_a_unary_payload_before_it_returns(
+    trio: tuple[LinkEndpoint, ...],
+) -> None:
+    """The caller may change its buffer as soon as start_all returns (one chunk or less)."""
+    a, b, _ = trio
+    buffer = bytearray(b"before!!")
+    sends = a.start_all([OutgoingTransfer(B, "copy", 0, 0, 1, 8, memoryview(buffer))])
+    assert not sends.reads_payload
+    buffer[:] = b"changed!"
+    assert sends.wait() == [8]
+    assert b.receive("copy", 0, A, 2.0).payload == b"before!!"
+
+
+def test_a_streamed_payload_is_read_until_acknowledged(trio: tuple[LinkEndpoint, ...]) -> None:
+    a, b, _ = trio
+    data = np.ones(2 * CHUNK_BYTES, dtype=np.uint8)
+    sends = a.start_all([OutgoingTransfer(B, "big", 0, 0, 1, data.nbytes, data.data)])
+    assert sends.wait() == [data.nbytes]
+    assert not sends.reads_payload  # acknowledged: the buffer is the caller's again
+    assert b.receive("big", 0, A, 2.0).nbytes == data.nbytes
+
+
+def test_a_failed_send_ends_the_wait_for_a_reply(trio: tuple[LinkEndpoint, ...]) -> None:
+    """A socket waiting for its peer's message gives up as soon as its own send to a dead
+    peer fails, rather than after the whole receive timeout."""
+    a, b, _ = trio
+    b.close()
+    sends = a.start_all([OutgoingTransfer(B, "gone", 0, 0, 1, 1, b"x")], timeout_s=20.0)
+    t0 = time.monotonic()
+    with pytest.raises(LinkFailure, match=B):
+        a.receive("gone", 0, B, timeout_s=20.0, give_up=sends.failure)
+    assert time.monotonic() - t0 < 10.0  # woken by the failure, not timed out
+    with pytest.raises(LinkFailure):
+        sends.wait()
+
+
+def test_mailbox_take_raises_what_give_up_returns() -> None:
+    box = Mailbox(B)
+    with pytest.raises(LinkFailure, match="peer gone"):
+        box.take("t", 0, A, 5.0, give_up=lambda: LinkFailure("peer gone"))
+    box.put(_msg())
+    assert box.take("t", 0, A, 1.0, give_up=lambda: None).step == 0

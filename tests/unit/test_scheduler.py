@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
 
 import pytest
 
@@ -252,3 +253,27 @@ def test_a_thousand_job_queue_schedules() -> None:
     assert sum(len(p.sockets) for p in placed) <= 16
     # Everything left was overtaken (or stood behind a full rack) and is still queued.
     assert set(s.skips) <= {j.id for j in queued}
+
+
+def test_a_lazily_walked_queue_keeps_the_counters_of_jobs_it_did_not_reach() -> None:
+    """A round that stops early (the rack filled up) does not forget the starvation
+    counter of a queued job further back: `still_queued` names every queued job."""
+    s = Scheduler(1, 2)
+    big, small = job("big", 2, seq=1), job("small", 1, seq=2)
+    assert [p.job_id for p in s.schedule([big, small], busy={ALL[0]})] == ["small"]
+    assert s.skips == {"big": 1}  # overtaken by a later job
+    x, y = job("x", 1, priority=5, seq=3), job("y", 1, priority=5, seq=4)
+    walked: list[str] = []
+
+    def lazily() -> Iterator[Job]:
+        for j in (x, y, big):
+            walked.append(j.id)
+            yield j
+
+    placed = s.schedule(lazily(), busy=(), still_queued={"x", "y", "big"})
+    assert [p.job_id for p in placed] == ["x", "y"]
+    assert walked == ["x", "y"]  # the rack was full: big was never read
+    assert s.skips == {"big": 1}  # and its count is kept
+    # A job that is no longer in `still_queued` loses its count, walked or not.
+    s.schedule([], busy=(), still_queued={"small"})
+    assert s.skips == {}

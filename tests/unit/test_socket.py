@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -10,7 +11,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from rdurack.node_agent.socket import Run, Socket
+from rdurack.node_agent.mailbox import Message
+from rdurack.node_agent.socket import Run, Socket, _apply
 from rdurack.rack.collectives import (
     Algorithm,
     all_reduce_schedule,
@@ -307,3 +309,17 @@ def test_pacing_does_not_make_up_the_jump_to_a_jobs_start(monkeypatch: pytest.Mo
         assert sum(slept) == pytest.approx(2.0 * run.duration_ns * 1e-9, abs=0.05)
     finally:
         s.close()
+
+
+@pytest.mark.parametrize("reduce", [True, False])
+def test_received_parts_apply_in_order_even_off_element_boundaries(reduce: bool) -> None:
+    """A message in parts (as a stream delivers it) is added or copied part by part; parts
+    that split an element (a foreign sender's chunking) are joined first."""
+    values = np.arange(10, dtype=np.float32)
+    raw = values.tobytes()
+    for cuts in ((0, 16, 40), (0, 6, 40)):  # on element boundaries, then off them
+        parts = tuple(raw[lo:hi] for lo, hi in itertools.pairwise(cuts))
+        msg = Message("rdu-n0-s1", "t", 0, 1, len(raw), parts, "float32", (10,))
+        target = np.ones(10, dtype=np.float32)
+        _apply(target, msg, reduce)
+        np.testing.assert_array_equal(target, values + 1 if reduce else values)

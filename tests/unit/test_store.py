@@ -320,7 +320,7 @@ def test_a_stale_read_loses_the_compare_and_set(
     store.submit("j1", spec())
     stale = store.get("j1")
     store.transition("j1", S.SCHEDULED, sockets=("n1.s0",))
-    real_load = JobStore._load
+    real_load = store._load
     served: list[Job] = []
 
     def load_once_stale(db: sqlite3.Connection, job_id: str) -> Job:
@@ -329,7 +329,7 @@ def test_a_stale_read_loses_the_compare_and_set(
             return stale
         return real_load(db, job_id)
 
-    monkeypatch.setattr(JobStore, "_load", staticmethod(load_once_stale))
+    monkeypatch.setattr(store, "_load", load_once_stale)
     with pytest.raises(IllegalTransition, match="is SCHEDULED"):
         store.transition("j1", S.SCHEDULED, sockets=("n0.s0",))
     assert served == [stale]  # the stale copy was used, then re-read
@@ -498,3 +498,21 @@ def test_in_memory_stores_are_independent() -> None:
     with JobStore(":memory:") as a, JobStore(":memory:") as b:
         a.submit("j1", spec())
         assert b.list() == []
+
+
+def test_queued_lazily_reads_the_queue_in_order_a_page_at_a_time(store: JobStore) -> None:
+    for i, priority in enumerate([0, 5, 0, 5, -1, 0, 5]):
+        store.submit(f"j{i}", spec(f"j{i}", priority=priority))
+    store.transition("j2", S.CANCELLED)  # left the queue
+    expected = [j.id for j in store.queued()]
+    assert expected == ["j1", "j3", "j6", "j0", "j5", "j4"]
+    assert [j.id for j in store.queued_lazily(page=2)] == expected  # across pages
+    assert [j.id for j in store.queued_lazily(page=100)] == expected  # one page
+    assert store.queued_ids() == set(expected)
+    # Taken one at a time, a job queued ahead of the position reached waits for the
+    # next walk; one queued behind it is still met.
+    walk = store.queued_lazily(page=2)
+    assert next(walk).id == "j1"
+    store.submit("first", spec("first", priority=9))
+    store.submit("last", spec("last", priority=-5))
+    assert [j.id for j in walk] == [*expected[1:], "last"]
