@@ -76,6 +76,7 @@ class KernelRun:
     end_ns: int
     kernel_calls: int
     hbm_bytes: int
+    flops: int = 0  # the FLOPs its kernels executed
 
 
 class NodeGateway(Protocol):

@@ -650,7 +650,7 @@ class Orchestrator:
         assert isinstance(w, KernelWorkload)
         total = w.output_tokens if w.phase is Phase.DECODE else 1
         chunks = _split(total, min(self.progress_chunks, total))
-        now, done, calls, hbm_bytes = start, 0, 0, 0
+        now, done, calls, hbm_bytes, flops = start, 0, 0, 0, 0
         for steps in chunks:
             if job.id in self._cancelled:
                 return
@@ -664,6 +664,7 @@ class Orchestrator:
             done += steps
             calls += max(r.kernel_calls for r in runs)  # per socket: all run the same kernels
             hbm_bytes += max(r.hbm_bytes for r in runs)
+            flops += max(r.flops for r in runs)
             self.store.add_event(
                 job.id,
                 "progress",
@@ -674,7 +675,7 @@ class Orchestrator:
                 },
             )
             self._notify(job.id)
-        result = self._result(w, now - start, total, calls, hbm_bytes)
+        result = self._result(w, now - start, total, calls, hbm_bytes, flops)
         # The result event first: a watcher stops once the job is finished.
         self.store.add_event(job.id, "result", result)
         self.store.transition(job.id, JobState.SUCCEEDED, result=result, emulated_end_ns=now)
@@ -792,15 +793,25 @@ class Orchestrator:
         self.store.transition(job.id, JobState.SUCCEEDED, result=result, emulated_end_ns=end)
 
     def _result(
-        self, w: KernelWorkload, emulated_ns: int, steps: int, calls: int, hbm_bytes: int
+        self,
+        w: KernelWorkload,
+        emulated_ns: int,
+        steps: int,
+        calls: int,
+        hbm_bytes: int,
+        flops: int,
     ) -> dict[str, Any]:
-        """A kernel job's result; bytes and calls are per socket."""
+        """A kernel job's result; bytes, calls and FLOPs are per socket."""
         emulated_s = emulated_ns * 1e-9
-        peak = self.platform.socket.hbm.bandwidth_bytes_per_s
+        socket = self.platform.socket
+        peak = socket.hbm.bandwidth_bytes_per_s
         result: dict[str, Any] = {
             "emulated_s": emulated_s,
             "kernel_calls": calls,
             "hbm_bandwidth_utilization": hbm_bytes / (emulated_s * peak) if emulated_s else 0.0,
+            "compute_utilization": (
+                flops / (emulated_s * socket.peak_flops_per_s) if emulated_s else 0.0
+            ),
         }
         if w.phase is Phase.DECODE:
             result["tokens_per_s"] = w.batch_size * steps / emulated_s if emulated_s else 0.0

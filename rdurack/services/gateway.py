@@ -165,6 +165,7 @@ class GrpcNodeGateway:
                 t.emulated_end_ns,
                 t.kernel_calls,
                 t.hbm_traffic_bytes,
+                t.flops,
             )
             for t in reply.sockets
         ]

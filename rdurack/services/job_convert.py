@@ -143,6 +143,7 @@ def result_to_proto(result: dict[str, Any]) -> job_pb2.JobResult:
             emulated_s=float(result.get("emulated_s", 0.0)),
             kernel_calls=int(result.get("kernel_calls", 0)),
             hbm_bandwidth_utilization=float(result.get("hbm_bandwidth_utilization", 0.0)),
+            compute_utilization=float(result.get("compute_utilization", 0.0)),
             tokens_per_s=float(result.get("tokens_per_s", 0.0)),
         )
     )

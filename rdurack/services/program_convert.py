@@ -95,6 +95,7 @@ def run_to_proto(run: ProgramRun) -> node_agent_pb2.SocketProgramTiming:
                 evicted=list(o.evicted),
                 kernel_calls=o.kernel_calls,
                 hbm_traffic_bytes=o.hbm_bytes,
+                flops=o.flops,
                 tokens=list(o.tokens),
             )
             for o in run.ops
@@ -121,6 +122,7 @@ def run_from_proto(msg: node_agent_pb2.SocketProgramTiming, ops: Sequence[Op]) -
                 evicted=tuple(t.evicted),
                 kernel_calls=t.kernel_calls,
                 hbm_bytes=t.hbm_traffic_bytes,
+                flops=t.flops,
                 tokens=tuple(t.tokens),
             )
             for t, op in zip(msg.ops, ops, strict=True)

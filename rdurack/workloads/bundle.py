@@ -39,6 +39,7 @@ class _KernelCost:
     duration_ns: int
     kernel_calls: int
     hbm_bytes: int
+    flops: int  # per socket, all steps
     kv_bytes: int  # per socket
 
 
@@ -165,6 +166,7 @@ class BundleShare:
                 seconds_to_ns(t.total_s * op.steps * slowdown),
                 t.kernel_calls * op.steps,
                 int(t.hbm_bytes * op.steps),
+                int(t.flops * op.steps),
                 kv_tokens_bytes(model, op.kv_tokens, self.group),
             )
             self._kernels[key] = cost
@@ -176,7 +178,9 @@ class BundleShare:
             self.memory.free(kv_name)  # held only while the op runs: it counts in the peak
         start = self.clock.now_ns
         end = self.clock.advance_to(start + cost.duration_ns)
-        return OpRun(start, end, kernel_calls=cost.kernel_calls, hbm_bytes=cost.hbm_bytes)
+        return OpRun(
+            start, end, kernel_calls=cost.kernel_calls, hbm_bytes=cost.hbm_bytes, flops=cost.flops
+        )
 
     # ------------------------------------------------------------------ state
 

@@ -88,6 +88,7 @@ class OpRun:
     evicted: tuple[str, ...] = ()  # Switch: experts evicted to make room, oldest first
     kernel_calls: int = 0
     hbm_bytes: int = 0  # Kernel: HBM traffic
+    flops: int = 0  # Kernel: FLOPs this socket executed (its 1/group share), all steps
     tokens: tuple[int, ...] = ()  # Generate: the new tokens
 
     @property
@@ -138,6 +139,7 @@ def combine(runs: list[ProgramRun]) -> ProgramRun:
             evicted=op.evicted,
             kernel_calls=op.kernel_calls,
             hbm_bytes=op.hbm_bytes,
+            flops=op.flops,
             tokens=op.tokens,
         )
         for i, op in enumerate(first.ops)

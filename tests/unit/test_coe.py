@@ -18,6 +18,7 @@ from rdurack.rack.models import builtin_models
 from rdurack.rack.presets import platform
 from rdurack.rack.spec import Tier
 from rdurack.services import job_convert
+from rdurack.services.program_convert import run_from_proto, run_to_proto
 from rdurack.v1 import job_pb2
 from rdurack.workloads.bundle import BundleShare, PredictedReplicas
 from rdurack.workloads.coe import CoeEngine, CoeOutOfMemory, CoeReport, ReplicaFailed
@@ -232,6 +233,10 @@ def test_a_program_takes_the_time_of_its_kernels(node: list[Socket]) -> None:
     run = run_all(node, [deploy, Switch("a"), kernel])
     t = Predictor(RACK).step(LLAMA, Phase.DECODE, FusionPlan.KERNEL_LOOPED, 1, 1024, 4)
     assert run.ops[2].end_ns - run.ops[2].start_ns == pytest.approx(19 * t.total_s * 1e9, abs=2)
+    # Each socket's share of the FLOPs, every step, carried to the orchestrator's side.
+    assert run.ops[2].flops == int(19 * t.flops) > 0
+    ops: list[Op] = [deploy, Switch("a"), kernel]
+    assert run_from_proto(run_to_proto(run), ops) == run
     assert run.resident == ("a",)
     with pytest.raises(InvalidRequest, match="already deployed"):
         node[0].run_program("job", [deploy], [s.name for s in node])

@@ -36,6 +36,7 @@ from rdurack.workloads.training.job import RankReport, TrainingWorkload
 RACK = platform("sn40l-rack16")
 MODELS = builtin_models()
 STEP_NS = 1_000
+STEP_FLOPS = 2_000_000  # a fake kernel step's FLOPs per socket
 
 
 class FakeGateway:
@@ -153,7 +154,10 @@ class FakeGateway:
         with self.lock:
             for s in sockets:
                 self.clock[s] = end
-        return [KernelRun(s, start_ns, end, 3 * steps, 1_000 * steps) for s in sockets]
+        return [
+            KernelRun(s, start_ns, end, 3 * steps, 1_000 * steps, STEP_FLOPS * steps)
+            for s in sockets
+        ]
 
     def _wait_gate(self, node: int, job_id: str, sockets: Sequence[str]) -> None:
         """Hold a run while the gate is closed; fail it once aborted, or at once on a
@@ -242,6 +246,11 @@ def test_a_job_runs_to_success_with_its_result(orch: Orchestrator, gateway: Fake
     assert done.emulated_end_ns - done.emulated_start_ns == 20 * STEP_NS  # type: ignore[operator]
     assert done.result is not None and done.result["kernel_calls"] == 60
     assert done.result["tokens_per_s"] == pytest.approx(20 / (20 * STEP_NS * 1e-9))
+    # Achieved FLOP/s of a socket over its peak: the sockets' FLOPs over the job's time.
+    achieved = 20 * STEP_FLOPS / (20 * STEP_NS * 1e-9)
+    assert done.result["compute_utilization"] == pytest.approx(
+        achieved / RACK.socket.peak_flops_per_s
+    )
     kinds = [e.kind for e in orch.events(job.id)]
     assert kinds[:4] == ["state", "state", "state", "progress"]
     assert kinds[-2:] == ["result", "state"]
