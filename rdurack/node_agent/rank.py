@@ -22,12 +22,18 @@ for model presets, or a user's own function (`loop`) once.
 Memory: the built-in loop accounts what it holds, stage by stage, on the socket's tiers
 (training/memory.py; a progressive stage change moves weights between HBM and DDR,
 which takes the copy's emulated time); a preset or a client's loop holds its planned
-memory for the whole job. Either way under the job's HBM cap. Each stage, and each
-block the growing stage freezes, becomes a span on the emulated timeline.
+memory for the whole job. Either way under the job's HBM cap.
+
+Spans (node_agent/train_trace.py): each stage, each block the growing stage freezes,
+each traced step with its gradient all-reduce, and each checkpoint written or loaded,
+on the emulated timeline. A step ends when its gradients are all-reduced: the compute
+stream waits for them there rather than at the next forward, which changes no emulated
+time, as whatever runs next (a forward, a collective, a stage change) waits first.
 """
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
@@ -38,6 +44,8 @@ import numpy as np
 from opentelemetry.util.types import AttributeValue
 from ray import cloudpickle
 
+from rdurack.node_agent.hardware_trace import Traffic, link_attributes
+from rdurack.node_agent.train_trace import GradientWindow, RankSpans, TrainSpan, traced
 from rdurack.rack.clock import EmulatedClock, seconds_to_ns
 from rdurack.rack.errors import InvalidRequest, RdurackError
 from rdurack.rack.memory import TieredMemory
@@ -55,6 +63,7 @@ from rdurack.workloads.training.job import (
     step_cost,
 )
 from rdurack.workloads.training.loop import (
+    CheckpointEvent,
     RankContext,
     RankResult,
     StageEvent,
@@ -102,6 +111,8 @@ class LinkBackend:
         self.exposed_ns = 0  # ... the part the compute stream waited for
         self.compute_s = 0.0  # forward and backward, as the timing model prices them
         self.steps_began_ns: int | None = None  # clock at the first step's forward
+        self.step_began_ns = 0  # clock at this step's forward
+        self.gradients: GradientWindow | None = None  # this step's all-reduce so far
 
     @property
     def rank(self) -> int:
@@ -130,8 +141,9 @@ class LinkBackend:
         """A step's forward starts: after the communication stream, and the first one
         marks where steps begin (after DDP's initial broadcast)."""
         self.settle()
+        self.step_began_ns = self.socket.clock.now_ns
         if self.steps_began_ns is None:
-            self.steps_began_ns = self.socket.clock.now_ns
+            self.steps_began_ns = self.step_began_ns
 
     # ------------------------------------------------------------------ Backend
 
@@ -155,11 +167,23 @@ class LinkBackend:
             return
         start = max(self.comm_free_ns, self.ready.popleft())
         stream = EmulatedClock(start)
+        traffic: list[Traffic] = []
         self.socket.exchange(
-            tag, "all_reduce", self.group, buffer, nbytes=nbytes, itemsize=itemsize, clock=stream
-        )
+            tag, "all_reduce", self.group, buffer, nbytes=nbytes, itemsize=itemsize,
+            clock=stream, traffic=traffic,
+        )  # fmt: skip
         self.all_reduce_ns += stream.now_ns - start
         self.comm_free_ns = stream.now_ns
+        w = self.gradients
+        if w is None:
+            w = self.gradients = GradientWindow(start, stream.now_ns)
+        w.end_ns = stream.now_ns
+        w.nbytes += nbytes
+        w.buckets += 1
+        for t in traffic:
+            w.bytes_sent += t.bytes_sent
+            w.bytes_received += t.bytes_received
+            w.links.update(t.links())
 
     def broadcast(self, array: Array, src: int) -> None:
         self.settle()
@@ -336,7 +360,11 @@ class RankRunner:
                 }
             )
             self.account.begin_stage()
+            self.account.mark()
         self.spans: list[TrainSpan] = []  # stages and freezes not yet traced
+        self._inside: list[TrainSpan] = []  # the segment's steps and checkpoints
+        self._untraced = 0  # the segment's steps without a span (train_trace.traced)
+        self._exposed_mark = 0  # backend.exposed_ns when the last step ended
         self._stage_ns: list[tuple[int, int]] = []  # each ended stage's emulated start, end
         self._stage_began = 0
         self._freezing: tuple[int, dict[str, AttributeValue]] | None = None  # start, attrs
@@ -364,6 +392,7 @@ class RankRunner:
                         break
                     losses.append(self._step.loss)
                     done += 1
+                    self._end_step(self._step)
         b = self.backend
         if not self._accounted:
             self.account.end_stage()
@@ -401,6 +430,7 @@ class RankRunner:
                 wrap=self._timed,
                 memory=self.account,
                 on_stage=self._on_stage,
+                on_checkpoint=self._on_checkpoint,
             )
             return self._functional(ctx)
         return self._timing()
@@ -416,6 +446,7 @@ class RankRunner:
         self.backend.settle()
         clock = self.socket.clock
         if event.report is None:
+            self.account.mark()  # the stage's first step counts from its own holdings
             clock.advance(event.copy_s)
             if self._freezing is not None:  # the frozen block's state gone, the next in
                 start, frozen = self._freezing
@@ -455,9 +486,64 @@ class RankRunner:
             else:
                 self._freezing = (end, freeze)
 
-    def take_spans(self) -> list[TrainSpan]:
-        """The stage and freeze spans since the last call."""
-        out, self.spans = self.spans, []
+    def _end_step(self, info: StepInfo) -> None:
+        """A step ended: its span, with its gradient all-reduce, if it is traced."""
+        b = self.backend
+        b.settle()  # the step lasts until its gradients are all-reduced
+        end = self.socket.clock.now_ns
+        window, b.gradients = b.gradients, None
+        exposed, self._exposed_mark = b.exposed_ns - self._exposed_mark, b.exposed_ns
+        peaks = self.account.window_peaks()
+        self.account.mark()
+        if not traced(info.step, info.total):
+            self._untraced += 1
+            return
+        step: dict[str, AttributeValue] = {names.ATTR_RANK: self.rank, names.ATTR_STEP: info.step}
+        attributes: dict[str, AttributeValue] = {
+            **step,
+            names.ATTR_TRAIN_STAGE: info.stage,
+            **{names.ATTR_PEAK_BYTES.format(tier=t): n for t, n in peaks.items()},
+        }
+        if math.isfinite(info.loss):  # timing mode computes no loss
+            attributes[names.ATTR_LOSS] = info.loss
+        children: tuple[TrainSpan, ...] = ()
+        if window is not None:
+            reduce: dict[str, AttributeValue] = {
+                **step,
+                names.ATTR_COLLECTIVE_ALGORITHM: "ring",
+                names.ATTR_BYTES: window.nbytes,
+                names.ATTR_BUCKETS: window.buckets,
+                names.ATTR_EXPOSED_NS: exposed,
+                names.ATTR_BYTES_SENT: window.bytes_sent,
+                names.ATTR_BYTES_RECEIVED: window.bytes_received,
+                **link_attributes(window.links),
+            }
+            children = (
+                TrainSpan(names.SPAN_TRAIN_ALLREDUCE, window.start_ns, window.end_ns, reduce),
+            )
+        self._inside.append(
+            TrainSpan(names.SPAN_TRAIN_STEP, b.step_began_ns, end, attributes, children)
+        )
+
+    def _on_checkpoint(self, event: CheckpointEvent) -> None:
+        """A checkpoint written or loaded: a span of no emulated time (the emulator
+        prices no storage), after the step's all-reduce it holds the result of."""
+        self.backend.settle()
+        now = self.socket.clock.now_ns
+        attributes: dict[str, AttributeValue] = {
+            names.ATTR_RANK: self.rank,
+            names.ATTR_STEP: event.step,
+            names.ATTR_CHECKPOINT_ACTION: event.action,
+            names.ATTR_CHECKPOINT_PATH: event.path,
+            names.ATTR_BYTES: event.nbytes,
+            names.ATTR_TIER: Tier.HBM.value,  # where the state is read from / loaded into
+        }
+        self._inside.append(TrainSpan(names.SPAN_CHECKPOINT, now, now, attributes))
+
+    def take_spans(self) -> RankSpans:
+        """The spans since the last call."""
+        out = RankSpans(self.spans, self._inside, self._untraced)
+        self.spans, self._inside, self._untraced = [], [], 0
         return out
 
     def _functional(self, ctx: RankContext) -> Generator[StepInfo, None, RankResult | None]:
@@ -498,16 +584,6 @@ class RankRunner:
 
     def close(self) -> None:
         self.account.close()
-
-
-@dataclass(frozen=True)
-class TrainSpan:
-    """A span a rank's training produced, on the socket's emulated timeline."""
-
-    name: str
-    start_ns: int
-    end_ns: int
-    attributes: dict[str, AttributeValue]
 
 
 def _flat(array: Array) -> Array:

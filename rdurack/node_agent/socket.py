@@ -7,9 +7,9 @@ rack/collectives.py over the socket's gRPC links, sending real bytes (functional
 or sized descriptors (timing mode) and pricing every transfer with the link rule, so the
 emulated time equals the predictor's.
 
-Every kernel and collective is a span on the emulated timeline (docs/data-plane.md,
-"Tracing"): child of the caller's carrier, stamped at the wall time the job reserved
-the socket plus the emulated time since the job's first operation on it.
+Every kernel, program op, collective (with its sends) and training segment (with its
+steps and checkpoints) is a span on the emulated timeline, child of the caller's
+carrier (node_agent/hardware_trace.py, docs/tracing.md).
 """
 
 from __future__ import annotations
@@ -20,8 +20,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 from opentelemetry import trace
-from opentelemetry.util.types import AttributeValue
 
+from rdurack.node_agent.hardware_trace import (
+    HardwareTrace,
+    Sent,
+    Traffic,
+    kernel_attributes,
+    op_span,
+)
 from rdurack.node_agent.link_server import LinkEndpoint, OutgoingTransfer, Sends
 from rdurack.node_agent.mailbox import Message
 from rdurack.rack.clock import EmulatedClock
@@ -42,13 +48,13 @@ from rdurack.rack.kernels import FusionPlan, Phase
 from rdurack.rack.memory import TieredMemory, TierUsage
 from rdurack.rack.models import ModelSpec, builtin_models
 from rdurack.rack.spec import PlatformSpec, Tier
-from rdurack.rack.topology import SocketId, Topology
+from rdurack.rack.topology import SocketId, Topology, link_name
 from rdurack.security.tls import TlsConfig
 from rdurack.telemetry import names
 from rdurack.telemetry.propagation import extract
 from rdurack.workloads.bundle import BundleShare, ProgramRunner
 from rdurack.workloads.predictor import Predictor
-from rdurack.workloads.program import Deploy, Generate, Kernel, Op, OpRun, ProgramRun, Switch
+from rdurack.workloads.program import Generate, Op, OpRun, ProgramRun
 from rdurack.workloads.tiny_lm import TinyLM, TinyLMConfig, TinyLMShard, generate
 
 if TYPE_CHECKING:
@@ -70,6 +76,7 @@ class Run:
     end_ns: int
     kernel_calls: int = 0
     hbm_bytes: int = 0
+    flops: int = 0  # FLOPs of its kernels on this socket
     bytes_sent: int = 0
     bytes_received: int = 0
 
@@ -130,9 +137,7 @@ class Socket:
             socket_id, host, port, clock_ns=lambda: self.clock.now_ns, tls=tls
         )
         self._pace_anchor = (time.monotonic(), 0)
-        self._tracer = trace.get_tracer(names.TRACER_SOCKET, tracer_provider=tracer_provider)
-        # Hardware spans: (wall ns at reserve, emulated ns of the job's first operation).
-        self._trace_anchor: tuple[int, int | None] = (time.time_ns(), None)
+        self._trace = HardwareTrace(socket_id, tracer_provider)
         self._models = builtin_models()
         # The running job's program state: its bundle share, and in functional mode the
         # shards of the tiny experts it generated with.
@@ -202,7 +207,7 @@ class Socket:
             self.job = job_id
             self._endpoint.mailbox.reset()  # an abort of the previous job is over
             self._pace_anchor = (time.monotonic(), self.clock.now_ns)
-            self._trace_anchor = (time.time_ns(), None)
+            self._trace.restart()
 
     def release(self, job_id: str) -> bool:
         """Free the socket and everything the job allocated on it; False if not held."""
@@ -302,19 +307,19 @@ class Socket:
             self.clock.now_ns,
             kernel_calls=timing.kernel_calls * steps,
             hbm_bytes=int(timing.hbm_bytes * steps),
+            flops=int(timing.flops * steps),  # StepTiming.flops: per socket, per step
         )
-        self._span(
+        self._trace.span(
             names.SPAN_KERNEL,
-            carrier,
+            extract(carrier),
             job_id,
-            run,
+            run.start_ns,
+            run.end_ns,
             {
+                **kernel_attributes(model.name, phase, plan.value, steps, batch, seq),
                 names.ATTR_KERNEL_CALLS: run.kernel_calls,
                 names.ATTR_HBM_BYTES: run.hbm_bytes,
-                names.ATTR_STEPS: steps,
-                names.ATTR_JOB_MODEL: model.name,
-                names.ATTR_JOB_PHASE: phase.value,
-                names.ATTR_FUSION_PLAN: plan.value,
+                names.ATTR_FLOPS: run.flops,
             },
         )
         return run
@@ -352,9 +357,11 @@ class Socket:
                 f"not {len(group)}"
             )
 
+        parent = extract(carrier)
+
         def observe(op: Op, run: OpRun) -> None:
-            name, attributes = _op_span(op, run)
-            self._span(name, carrier, job_id, run, attributes)
+            name, attributes = op_span(op, run)
+            self._trace.span(name, parent, job_id, run.start_ns, run.end_ns, attributes)
 
         self._meet(start_ns)
         program = self._program.run(ops, start_ns, self.slowdown, observe)
@@ -421,23 +428,19 @@ class Socket:
             report = self._trainer.advance(steps, start_ns)
         finally:
             self.timeout_s = saved
-        for span in self._trainer.take_spans():  # stages and block freezes
-            self._span(
-                span.name,
-                carrier,
-                job_id,
-                OpRun(span.start_ns, span.end_ns),
-                {**span.attributes, names.ATTR_JOB_MODEL: workload.model},
-            )
-        segment = OpRun(began, report.end_ns)
-        self._span(
+        # The segment's span first: the job's first span on a socket anchors the others.
+        parent = extract(carrier)
+        spans = self._trainer.take_spans()
+        segment = self._trace.span(
             names.SPAN_TRAIN,
-            carrier,
+            parent,
             job_id,
-            segment,
+            began,
+            report.end_ns,
             {
                 names.ATTR_RANK: report.rank,
                 names.ATTR_STEPS: len(report.losses),
+                names.ATTR_STEPS_UNTRACED: spans.untraced_steps,
                 names.ATTR_STEP: report.step,
                 names.ATTR_JOB_MODEL: workload.model,
                 names.ATTR_ALLREDUCE_NS: report.all_reduce_ns,
@@ -445,36 +448,10 @@ class Socket:
                 names.ATTR_HBM_BYTES: report.hbm_peak_bytes,
             },
         )
+        self._trace.tree(spans.inside, trace.set_span_in_context(segment), job_id, {})
+        self._trace.tree(spans.beside, parent, job_id, {names.ATTR_JOB_MODEL: workload.model})
         self._pace()
         return report
-
-    def _span(
-        self,
-        name: str,
-        carrier: dict[str, str] | None,
-        job_id: str,
-        run: Run | OpRun,
-        attributes: dict[str, AttributeValue],
-    ) -> None:
-        """Record `run` as a span on the emulated timeline: wall time at reserve plus the
-        emulated time since the job's first operation on this socket."""
-        wall0, emu0 = self._trace_anchor
-        if emu0 is None:
-            emu0 = run.start_ns
-            self._trace_anchor = (wall0, emu0)
-        span = self._tracer.start_span(
-            name,
-            context=extract(carrier),
-            start_time=wall0 + run.start_ns - emu0,
-            attributes={
-                names.ATTR_SOCKET: self.name,
-                names.ATTR_JOB_ID: job_id,
-                names.ATTR_EMULATED_START_NS: run.start_ns,
-                names.ATTR_EMULATED_NS: run.duration_ns,
-                **attributes,
-            },
-        )
-        span.end(end_time=wall0 + run.end_ns - emu0)
 
     def _hold_weights(self, job_id: str, model: ModelSpec, group_size: int, kv_tokens: int) -> None:
         weights = f"{job_id}/weights/{model.name}"
@@ -539,7 +516,7 @@ class Socket:
             # In place on the socket's own array, but for all-gather, whose result is larger.
             buffer = data.reshape(-1) if op != "all_gather" else self._gather_buffer(data, members)
         try:
-            sent, received = self._execute(tag, schedule, buffer, members, op)
+            traffic = self._execute(tag, schedule, buffer, members, op)
         except LinkFailure:
             self._endpoint.mailbox.discard(tag)
             raise
@@ -549,21 +526,26 @@ class Socket:
             if op == "all_gather":
                 self._store(job_id, tensor, buffer.reshape((len(members), *data.shape)))
         self._pace()
-        run = Run(self.name, start, self.clock.now_ns, bytes_sent=sent, bytes_received=received)
-        self._span(
-            names.SPAN_COLLECTIVE,
-            carrier,
+        run = Run(
+            self.name,
+            start,
+            self.clock.now_ns,
+            bytes_sent=traffic.bytes_sent,
+            bytes_received=traffic.bytes_received,
+        )
+        self._trace.collective(
+            extract(carrier),
             job_id,
-            run,
+            run.start_ns,
+            run.end_ns,
             {
                 names.ATTR_COLLECTIVE_OP: op,
                 names.ATTR_COLLECTIVE_ALGORITHM: algorithm if op == "all_reduce" else op,
                 names.ATTR_COLLECTIVE_TAG: tag,
                 names.ATTR_GROUP_SIZE: len(members),
                 names.ATTR_BYTES: elements * itemsize,
-                names.ATTR_BYTES_SENT: sent,
-                names.ATTR_BYTES_RECEIVED: received,
             },
+            traffic,
         )
         return run
 
@@ -579,12 +561,14 @@ class Socket:
         root: str | None = None,
         clock: EmulatedClock | None = None,
         scratch_links: bool = False,
+        traffic: list[Traffic] | None = None,
     ) -> np.ndarray | None:
         """A ring collective on a raw buffer, in place (timing mode: `nbytes` of
         `itemsize`, no buffer), for code running inside this socket (a training rank).
         `clock`: the stream it runs on (default: the socket's clock); `scratch_links`:
         link busy times it leaves no trace of (bookkeeping exchanges that the emulated
-        hardware does not make). Returns the result buffer (all-gather's is new)."""
+        hardware does not make); `traffic`: gets what it sent and received appended.
+        Returns the result buffer (all-gather's is new)."""
         members = [SocketId.parse(g) for g in group]
         elements = buffer.size if buffer is not None else nbytes // itemsize
         size = buffer.itemsize if buffer is not None else itemsize
@@ -597,12 +581,14 @@ class Socket:
         if scratch_links:
             self._links = Links(self.topology)
         try:
-            self._execute(tag, schedule, buffer, members, op)
+            done = self._execute(tag, schedule, buffer, members, op)
         except LinkFailure:
             self._endpoint.mailbox.discard(tag)
             raise
         finally:
             self.clock, self._links = saved
+        if traffic is not None:
+            traffic.append(done)
         return buffer
 
     def _schedule(
@@ -654,9 +640,9 @@ class Socket:
         buffer: np.ndarray | None,
         members: list[SocketId],
         op: str,
-    ) -> tuple[int, int]:
+    ) -> Traffic:
         me = self.id
-        sent = received = 0
+        traffic = Traffic()
         # Sends go on the wire and the socket takes its incoming messages at once: each
         # step waits for its input, not for its own acknowledgements too. They are all
         # collected at the end; one that failed ends the wait for a reply at once.
@@ -685,7 +671,16 @@ class Socket:
                             dtype=str(buffer.dtype) if buffer is not None else "",
                         )
                     )
-                    sent += s.nbytes
+                    traffic.bytes_sent += s.nbytes
+                    traffic.sends.append(
+                        Sent(
+                            link_name(me, s.dst),
+                            self.topology.kind(me, s.dst).value,
+                            self.clock.now_ns,
+                            arrival,
+                            s.nbytes,
+                        )
+                    )
                 if outgoing:
                     sends = self._endpoint.start_all(outgoing, timeout_s=self.timeout_s)
                     pending.append(sends)
@@ -696,7 +691,7 @@ class Socket:
                         tag, index, str(s.src), self.timeout_s, give_up=failed
                     )
                     self.clock.advance_to(msg.arrival_ns)
-                    received += s.nbytes
+                    traffic.bytes_received += s.nbytes
                     if buffer is not None and msg.parts is not None:
                         _apply(_chunk(buffer, s), msg, s.reduce)
             for sends in pending:
@@ -713,7 +708,7 @@ class Socket:
                 [buffer[ring.index(m) * block : (ring.index(m) + 1) * block] for m in members]
             )
             buffer[...] = ordered
-        return sent, received
+        return traffic
 
     # ------------------------------------------------------------------ pacing, faults
 
@@ -795,37 +790,3 @@ def _apply(target: np.ndarray, msg: Message, reduce: bool) -> None:
         else:
             piece[...] = incoming
         offset += incoming.size
-
-
-def _op_span(op: Op, run: OpRun) -> tuple[str, dict[str, AttributeValue]]:
-    """A program op's span name and attributes."""
-    if isinstance(op, Kernel):
-        return names.SPAN_KERNEL, {
-            names.ATTR_KERNEL_ROLE: op.role,
-            names.ATTR_JOB_MODEL: op.model,
-            names.ATTR_JOB_PHASE: op.phase.value,
-            names.ATTR_FUSION_PLAN: op.plan.value,
-            names.ATTR_STEPS: op.steps,
-            names.ATTR_BATCH: op.batch,
-            names.ATTR_KERNEL_CALLS: run.kernel_calls,
-            names.ATTR_HBM_BYTES: run.hbm_bytes,
-        }
-    if isinstance(op, Switch):
-        return names.SPAN_EXPERT_SWITCH, {
-            names.ATTR_EXPERT: op.expert,
-            names.ATTR_SWITCH_HIT: bool(run.hit),
-            names.ATTR_BYTES: run.loaded_bytes,
-            names.ATTR_TIER: "ddr->hbm",
-            names.ATTR_EVICTED: list(run.evicted),
-        }
-    if isinstance(op, Deploy):
-        return names.SPAN_DEPLOY, {
-            names.ATTR_JOB_MODEL: op.expert_model,
-            names.ATTR_EXPERTS: len(op.experts),
-            names.ATTR_PLATFORM: op.platform,
-            names.ATTR_BYTES: run.loaded_bytes,
-        }
-    return names.SPAN_GENERATE, {
-        names.ATTR_EXPERT: op.expert,
-        names.ATTR_TOKENS: len(run.tokens),
-    }

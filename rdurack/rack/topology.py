@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 
 from rdurack.rack.errors import InvalidRequest
 from rdurack.rack.spec import LinkSpec, PlatformSpec
@@ -25,6 +26,18 @@ class SocketId:
             return cls(int(node[1:]), int(index[1:]))
         except (ValueError, IndexError):
             raise InvalidRequest(f"bad socket id {text!r}: expected rdu-n<node>-s<index>") from None
+
+
+class LinkKind(StrEnum):
+    """What a transfer between two sockets crosses."""
+
+    INTRA_NODE = "intra-node"  # the node's mesh or switch
+    INTER_NODE = "inter-node"  # a rail to the other node (then its mesh, if the index differs)
+
+
+def link_name(src: SocketId, dst: SocketId) -> str:
+    """One direction of a link as traces name it: `rdu-n0-s0->rdu-n0-s1`."""
+    return f"{src}->{dst}"
 
 
 class Topology:
@@ -59,6 +72,12 @@ class Topology:
         if src.index == dst.index:
             return self.platform.inter_node_link
         return None
+
+    def kind(self, src: SocketId, dst: SocketId) -> LinkKind:
+        """Whether a transfer src -> dst stays in a node or crosses to the other one."""
+        self.check(src)
+        self.check(dst)
+        return LinkKind.INTRA_NODE if src.node == dst.node else LinkKind.INTER_NODE
 
     def path(self, src: SocketId, dst: SocketId) -> list[LinkSpec]:
         """Links a transfer crosses: direct, or the rail then the destination node's mesh."""

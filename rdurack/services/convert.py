@@ -141,6 +141,7 @@ def kernel_timing(run: Run) -> node_agent_pb2.SocketKernelTiming:
         emulated_duration_ns=run.duration_ns,
         kernel_calls=run.kernel_calls,
         hbm_traffic_bytes=run.hbm_bytes,
+        flops=run.flops,
     )
 
 

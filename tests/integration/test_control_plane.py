@@ -325,6 +325,7 @@ def test_a_job_is_submitted_watched_and_has_its_result(control: Control) -> None
     assert kernel_result.tokens_per_s > 0
     assert kernel_result.kernel_calls > 0
     assert 0 < kernel_result.hbm_bandwidth_utilization <= 1
+    assert 0 < kernel_result.compute_utilization <= 1  # from the sockets' FLOPs
     assert results[0] == job.result
     created, started, ended = (
         job.create_time.ToNanoseconds(),

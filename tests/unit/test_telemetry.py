@@ -18,7 +18,6 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
@@ -37,14 +36,6 @@ from tests.unit.test_orchestrator import FakeGateway, spec
 RACK = platform("sn40l-rack16")
 JOB = "job-t"
 HEALTH = "grpc.health.v1.Health"
-
-
-@pytest.fixture
-def spans() -> tuple[TracerProvider, InMemorySpanExporter]:
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    return provider, exporter
 
 
 def _one(exporter: InMemorySpanExporter, name: str) -> ReadableSpan:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -783,3 +784,8 @@ def test_every_span_and_attribute_name_is_documented() -> None:
         k for k in constants if k.startswith(("SPAN_", "ATTR_")) and f"`{k}`" not in doc
     ]
     assert not undocumented, undocumented
+    # Every row of the span and attribute tables pairs a value with its own constant,
+    # and names no constant that is gone.
+    rows = re.findall(r"^\| `([^`]+)` \| `([A-Z_]+)` \|", doc, re.M)
+    assert len(rows) > 40
+    assert [(v, k) for v, k in rows if constants.get(k) != v] == []

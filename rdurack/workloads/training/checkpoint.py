@@ -54,6 +54,14 @@ class TrainingState:
     extra: dict[str, Any] = field(default_factory=dict)  # JSON-able user metadata
 
 
+def state_bytes(state: TrainingState) -> int:
+    """Bytes of the arrays a checkpoint holds: parameters and optimizer state."""
+    arrays = [*state.params.values()]
+    for buffers in state.optimizer.get("state", {}).values():
+        arrays += [np.asarray(v) for v in buffers.values()]
+    return sum(int(a.nbytes) for a in arrays)
+
+
 def checkpoint_name(step: int) -> str:
     return f"ckpt-{step:08d}.npz"
 

@@ -44,7 +44,13 @@ from rdurack.rack.spec import PlatformSpec, Tier
 from rdurack.rack.topology import SocketId
 from rdurack.workloads.training.arrays import Array, Params, copy_params
 from rdurack.workloads.training.backend import Backend, ThreadGroup
-from rdurack.workloads.training.checkpoint import TrainingState, latest, load, save
+from rdurack.workloads.training.checkpoint import (
+    TrainingState,
+    latest,
+    load,
+    save,
+    state_bytes,
+)
 from rdurack.workloads.training.data import Dataset, Split, digits, synthetic
 from rdurack.workloads.training.ddp import (
     DEFAULT_BUCKET_CAP_BYTES,
@@ -151,6 +157,8 @@ class RankContext:
     memory: MemoryAccount | None = None
     # Told when a stage begins (with the seconds its memory moves took) and ends.
     on_stage: Callable[[StageEvent], None] | None = None
+    # Told when this rank wrote (rank 0) or loaded a checkpoint.
+    on_checkpoint: Callable[[CheckpointEvent], None] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +170,16 @@ class StageEvent:
     step: int
     copy_s: float = 0.0
     report: StageReport | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointEvent:
+    """A checkpoint this rank wrote (`save`, rank 0) or resumed from (`load`)."""
+
+    action: Literal["save", "load"]
+    step: int  # the optimizer steps it holds
+    path: str
+    nbytes: int  # its parameters and optimizer state
 
 
 @dataclass(slots=True)
@@ -299,6 +317,8 @@ def _train(
             if resumed.rng is not None:
                 rng.bit_generator.state = resumed.rng
             step = resumed.step
+            if ctx.on_checkpoint is not None:
+                ctx.on_checkpoint(CheckpointEvent("load", step, str(path), state_bytes(resumed)))
     start_step = step
     _check_same_start(dist, step)
     if spec.strategy != "full" and spec.broadcast_parameters:
@@ -384,6 +404,10 @@ def _train(
                     path = save(ctx.checkpoint_dir, state, rank=rank)
                     if path is not None:
                         written.append(str(path))
+                        if ctx.on_checkpoint is not None:
+                            ctx.on_checkpoint(
+                                CheckpointEvent("save", step, str(path), state_bytes(state))
+                            )
                 dist.barrier()  # as torch's tutorial: nobody reads a half-written file
         report = StageReport(
             phase=stage.phase,

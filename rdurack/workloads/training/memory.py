@@ -14,7 +14,8 @@ Names, under the job's prefix (e.g. `job-000007/train/`):
 Peaks: the account restarts the socket's high-water marks at each stage
 (`TieredMemory.reset_peak`) and reads them at its end, less what other holders used
 (a socket runs one job at a time, so that is usually nothing). A job's peak per tier
-is the largest of its stages'.
+is the largest of its stages'. Finer windows (a step) are the account's own: `mark`
+starts one, `window_peaks` reads the most it held in each tier since.
 
 `hbm_cap_bytes` > 0 caps the job's own HBM on the socket below its capacity: an
 allocation or a move into HBM past it fails as the socket's would (OutOfMemory: tier,
@@ -42,6 +43,7 @@ class MemoryAccount:
         self._held: dict[str, Holding] = {}  # part -> (tier, bytes), live
         self._base: dict[Tier, int] = {}  # other holders' use when the stage began
         self.peaks: dict[str, int] = {t.value: 0 for t in Tier}  # the job's, per tier
+        self._window: dict[Tier, int] = dict.fromkeys(Tier, 0)  # the most held since mark
         self.copy_s = 0.0  # seconds of copies between tiers, all stages
 
     # ------------------------------------------------------------ holdings
@@ -85,6 +87,7 @@ class MemoryAccount:
         self._check_cap(part, tier, nbytes)
         self.memory.allocate(self.prefix + part, tier, nbytes, what=f"training {part}")
         self._held[part] = (tier, nbytes)
+        self._window[tier] = max(self._window[tier], self.used(tier))
 
     def release(self, part: str) -> None:
         # The socket may have freed the job's allocations already (releasing the job).
@@ -100,6 +103,7 @@ class MemoryAccount:
         self._check_cap(part, tier, nbytes)
         seconds = self.memory.move(self.prefix + part, tier)
         self._held[part] = (tier, nbytes)
+        self._window[tier] = max(self._window[tier], self.used(tier))
         return seconds
 
     def _check_cap(self, part: str, tier: Tier, nbytes: int) -> None:
@@ -116,6 +120,14 @@ class MemoryAccount:
             )
 
     # ------------------------------------------------------------ peaks
+
+    def mark(self) -> None:
+        """Start a window: `window_peaks` counts from what the account holds now."""
+        self._window = {t: self.used(t) for t in Tier}
+
+    def window_peaks(self) -> dict[str, int]:
+        """The most this account held in each tier since `mark` (tier name -> bytes)."""
+        return {t.value: n for t, n in self._window.items()}
 
     def begin_stage(self) -> None:
         """Restart the socket's high-water marks: the stage's peaks start here."""
