@@ -84,13 +84,16 @@ def plot_cmd(
         Path | None,
         typer.Option(
             "--result",
-            help="the job as `rdu job ID --json` printed it: a training job's losses",
+            help=(
+                "the job as `rdu job ID --json` printed it: a training job's losses and "
+                "stages, when its trace has none"
+            ),
         ),
     ] = None,
 ) -> None:
     """PNGs of a job: its sockets' emulated timeline (a Gantt chart), memory used per
     tier over emulated time, and for training the loss curve and the peak memory and
-    accuracy of each stage."""
+    accuracy of each stage, all from its trace."""
     from rdurack.services.trace_files import job_spans
     from rdurack.services.trace_plots import (
         loss_points,
@@ -110,12 +113,14 @@ def plot_cmd(
     print(
         memory
         if memory is not None
-        else f"no memory plot: the spans of job {job_id} carry no tier use (only CoE "
-        "deploys and expert switches do today)"
+        else f"no memory plot: the spans of job {job_id} carry no tier use (CoE deploys "
+        "and expert switches, and training steps, do)"
     )
     job_result = _read_result(result)
-    points = span_loss_points(spans) or loss_points(job_result)
-    loss = plot_loss(points, job_id, out / f"{job_id}-loss.png")
+    points, what = span_loss_points(spans), "loss (mean of the ranks' local batch losses)"
+    if not points:
+        points, what = loss_points(job_result), "loss (rank 0's local batch)"
+    loss = plot_loss(points, job_id, out / f"{job_id}-loss.png", what)
     if loss is not None:
         print(loss)
     elif result is not None:

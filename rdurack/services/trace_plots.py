@@ -4,13 +4,19 @@
 - `plot_timeline`: a Gantt chart of the sockets' emulated timeline, one row per socket,
   bars coloured by operation, the x axis in emulated time since the job's first
   operation (the emulated attributes of the hardware spans, not their wall stamps).
-- `plot_memory`: memory used per tier over emulated time, summed over the job's sockets.
-  The hardware spans carry no tier occupancy today, so it is derived from what they do
-  carry: a bundle deploy's pinned bytes (HBM) and catalog size, each expert switch's
-  loaded bytes and evicted experts. That is the experts' weights only (not the router
-  or the KV cache). A span carrying `rdurack.memory.<tier>.used_bytes` (the socket's
-  tier use after the op; proposed in docs/tracing.md) is used instead, when present.
-- `plot_loss`: a training loss curve from (step, loss) pairs.
+  Spans inside another one's bar are not bars of their own (a collective's transfers,
+  a training segment's steps), but for a step's gradient all-reduce, drawn as a band in
+  the lower half of the row, over the training bar it overlaps.
+- `plot_memory`: memory per tier over emulated time, summed over the job's sockets.
+  A training job's comes from its `rdu.train.step` spans: each traced step's peak per
+  tier, held until the next traced step. A CoE job's hardware spans carry no tier
+  occupancy, so it is derived from what they do carry: a bundle deploy's pinned bytes
+  (HBM) and catalog size, each expert switch's loaded bytes and evicted experts. That is
+  the experts' weights only (not the router or the KV cache). A span carrying
+  `rdurack.memory.<tier>.used_bytes` (the socket's tier use after the op; proposed in
+  docs/tracing.md) is used instead of either, when present.
+- `plot_loss`: a training loss curve from (step, loss) pairs (`span_loss_points`: from
+  the step spans' losses).
 - `plot_stages`: a training job's peak memory (HBM, DDR) and test accuracy per stage
   (progressive: shrinking then growing, block by block), from its `rdu.train.stage`
   spans or its result's `stages`.
@@ -25,8 +31,10 @@ from __future__ import annotations
 import math
 import re
 import textwrap
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -49,13 +57,12 @@ GB = 1e9
 # the socket when the op ended. `plot_memory` prefers it to the derivation.
 TIER_USED_ATTR = "rdurack.memory.{tier}.used_bytes"
 TIERS = ("sram", "hbm", "ddr")
-# Training: the step (as the DDP rank's spans carry it), and a proposed loss attribute.
-STEP_ATTR = "rdurack.train.step"
-LOSS_ATTR = "rdurack.train.loss"  # proposed: the loss after the span's last step
 # The capacity line is drawn when it is at most this many times the peak use; farther
 # off it would squash the data into the bottom of the plot, so it is only named.
 CAPACITY_SHOWN_WITHIN = 6
 
+TRAINING = "training (DDP steps)"  # a segment of a rank's steps
+ALLREDUCE = "gradient all-reduce (traced steps)"  # a traced step's, drawn as a band
 # Operation kinds, in legend order, with colours a reader tells apart (and that print
 # in grey scale as different shades).
 KIND_COLORS: dict[str, str] = {
@@ -65,13 +72,32 @@ KIND_COLORS: dict[str, str] = {
     "expert switch: HBM hit": "#ff9896",
     "prefill": "#1f77b4",
     "decode": "#2ca02c",
-    "train step": "#8c564b",
+    TRAINING: "#8c564b",
+    ALLREDUCE: "#ffd92f",
+    "checkpoint": "#000000",
     "block freeze": "#e377c2",
     "collective": "#ff7f0e",
     "generate (functional)": "#17becf",
 }
 _EXTRA_COLORS = ("#bcbd22", "#e377c2", "#aec7e8", "#98df8a", "#c5b0d5", "#c49c94")
+# Spans whose time another span's bar already shows: a collective's transfers, a
+# segment's steps (and the stages that group them).
+NOT_BARS = frozenset({names.SPAN_TRAIN_STAGE, names.SPAN_TRAIN_STEP, names.SPAN_TRANSFER})
+# Spans drawn as a band in the lower half of their row, over the bar they overlap.
+BANDS = frozenset({names.SPAN_TRAIN_ALLREDUCE})
 _SOCKET = re.compile(r"^rdu-n(\d+)-s(\d+)$")
+
+
+# The kinds of spans whose name alone says what they did.
+_KIND_OF_NAME = {
+    names.SPAN_DEPLOY: "bundle deploy",
+    names.SPAN_COLLECTIVE: "collective",
+    names.SPAN_GENERATE: "generate (functional)",
+    names.SPAN_TRAIN_FREEZE: "block freeze",
+    names.SPAN_TRAIN: TRAINING,
+    names.SPAN_TRAIN_ALLREDUCE: ALLREDUCE,
+    names.SPAN_CHECKPOINT: "checkpoint",
+}
 
 
 def op_kind(span: Span) -> str:
@@ -79,20 +105,11 @@ def op_kind(span: Span) -> str:
     a = span.attributes
     if span.name == names.SPAN_KERNEL:
         role = a.get(names.ATTR_KERNEL_ROLE) or a.get(names.ATTR_JOB_PHASE) or "kernel"
-        return {"train": "train step"}.get(str(role), str(role))
+        return {"train": TRAINING}.get(str(role), str(role))
     if span.name == names.SPAN_EXPERT_SWITCH:
         return "expert switch: HBM hit" if a.get(names.ATTR_SWITCH_HIT) else "expert switch DDR→HBM"
-    if span.name == names.SPAN_DEPLOY:
-        return "bundle deploy"
-    if span.name == names.SPAN_COLLECTIVE:
-        return "collective"
-    if span.name == names.SPAN_GENERATE:
-        return "generate (functional)"
-    if span.name == names.SPAN_TRAIN_FREEZE:
-        return "block freeze"
-    # Others by name: rdu.train (a DDP rank's steps) is drawn like a training kernel.
-    kind = span.name.removeprefix("rdu.").replace("_", " ")
-    return {"train": "train step"}.get(kind, kind)
+    known = _KIND_OF_NAME.get(span.name)
+    return known or span.name.removeprefix("rdu.").replace("_", " ")
 
 
 def _socket_key(service: str) -> tuple[int, int, str]:
@@ -140,8 +157,8 @@ def _describe(spans: Sequence[Span]) -> str:
 
 def plot_timeline(spans: Sequence[Span], job_id: str, path: Path) -> Path:
     """A Gantt chart of the job's hardware spans; raises TraceError if it has none.
-    Training stages are not bars of their own: they group the steps drawn already."""
-    ops = [s for s in hardware_spans(spans) if s.name != names.SPAN_TRAIN_STAGE]
+    Spans inside another's bar (NOT_BARS) are not drawn; BANDS are drawn over it."""
+    ops = [s for s in hardware_spans(spans) if s.name not in NOT_BARS]
     if not ops:
         raise TraceError(f"job {job_id} has no hardware spans (rdu.*) to draw a timeline of")
     t0 = min(s.emulated_start_ns for s in ops)
@@ -160,20 +177,24 @@ def plot_timeline(spans: Sequence[Span], job_id: str, path: Path) -> Path:
         bars: dict[int, list[tuple[float, float]]] = {}
         ticks_x: list[float] = []
         ticks_y: list[float] = []
+        band = False
         for s in ops:
             if op_kind(s) != kind:
                 continue
+            band = s.name in BANDS
             start = (s.emulated_start_ns - t0) / unit.ns
             width = (s.emulated_end_ns - s.emulated_start_ns) / unit.ns
             if width * unit.ns < thin:
                 ticks_x.append(start)
-                ticks_y.append(row[s.service])
+                ticks_y.append(row[s.service] + (0.2 if s.name in BANDS else 0.0))
             else:
                 bars.setdefault(row[s.service], []).append((start, width))
         for y, xs in bars.items():
-            # A thin white edge parts back-to-back ops of one kind.
+            # A thin white edge parts back-to-back ops of one kind. The row's top is at
+            # y - 0.38 (the y axis runs down); a band fills its lower half.
+            top, height = (y + 0.02, 0.36) if band else (y - 0.38, 0.76)
             ax.broken_barh(
-                xs, (y - 0.38, 0.76), facecolors=colors[kind], edgecolor="white", linewidth=0.4
+                xs, (top, height), facecolors=colors[kind], edgecolor="white", linewidth=0.4
             )
         if ticks_x:
             ax.plot(
@@ -200,7 +221,7 @@ def plot_timeline(spans: Sequence[Span], job_id: str, path: Path) -> Path:
         f"{extent / unit.ns:.4g} {unit.name} emulated",
         loc="left",
     )
-    handles: list[Artist] = [Patch(facecolor=colors[k], label=k) for k in kinds]
+    handles: list[Artist] = [Patch(facecolor=colors[k], label=_legend(k)) for k in kinds]
     if any((s.emulated_end_ns - s.emulated_start_ns) < thin for s in ops):  # say what a tick means
         handles.append(
             Line2D(
@@ -215,6 +236,13 @@ def plot_timeline(spans: Sequence[Span], job_id: str, path: Path) -> Path:
         )
     fig.legend(handles=handles, loc="outside right upper", title="operation", frameon=False)
     return _save(fig, path)
+
+
+def _legend(kind: str) -> str:
+    """A kind's legend entry; a band says where it is drawn."""
+    if kind == ALLREDUCE:
+        return "gradient all-reduce, traced steps\n(lower half: it overlaps backward)"
+    return kind
 
 
 def _duration(ns: float) -> str:
@@ -248,6 +276,30 @@ class MemorySeries:
     labels: dict[str, str] = field(default_factory=dict)  # per tier: what the line is
 
 
+def _held_sums(events: Iterable[tuple[int, str, int]]) -> list[tuple[int, int]]:
+    """Steps of the sum over sockets of (time, socket, bytes) reports, each socket's
+    last report holding until its next."""
+    last: dict[str, int] = {}
+    steps: list[tuple[int, int]] = [(0, 0)]
+    for t, sid, nbytes in sorted(events):
+        last[sid] = nbytes
+        steps.append((t, sum(last.values())))
+    return steps
+
+
+def _reported(
+    ops: Sequence[Span], key: str, t0: int, at_end: bool = True
+) -> list[tuple[int, int]] | None:
+    """`_held_sums` of the spans carrying attribute `key`, stamped at their end (or
+    start); None when none carries it."""
+    events = [
+        ((s.emulated_end_ns if at_end else s.emulated_start_ns) - t0, s.service, int(a[key]))
+        for s in ops
+        if key in (a := s.attributes)
+    ]
+    return _held_sums(events) if events else None
+
+
 def memory_series(spans: Sequence[Span]) -> MemorySeries | None:
     """Tier use over time from the job's hardware spans; None when the spans say
     nothing about memory (a kernel job: its weights and KV cache are not in spans)."""
@@ -257,24 +309,29 @@ def memory_series(spans: Sequence[Span]) -> MemorySeries | None:
     t0 = min(s.emulated_start_ns for s in ops)
     end = max(s.emulated_end_ns for s in ops) - t0
     sockets = {s.service for s in ops}
-    reported = [t for t in TIERS if any(TIER_USED_ATTR.format(tier=t) in s.attributes for s in ops)]
-    if reported:
-        # Each socket's last reported value holds until its next report.
-        tiers: dict[str, list[tuple[int, int]]] = {}
-        for tier in reported:
-            key = TIER_USED_ATTR.format(tier=tier)
-            events = [
-                (s.emulated_end_ns - t0, s.service, int(s.attributes[key]))
-                for s in ops
-                if key in s.attributes
-            ]
-            last: dict[str, int] = {}
-            steps: list[tuple[int, int]] = [(0, 0)]
-            for t, sid, used in sorted(events):
-                last[sid] = used
-                steps.append((t, sum(last.values())))
-            tiers[tier] = steps
+    tiers: dict[str, list[tuple[int, int]]] = {}
+    for tier in TIERS:  # reported use after each op
+        found = _reported(ops, TIER_USED_ATTR.format(tier=tier), t0)
+        if found is not None:
+            tiers[tier] = found
+    if tiers:
         return MemorySeries(tiers, len(sockets), end, "the sockets' reported tier use")
+    trained = [s for s in ops if s.name == names.SPAN_TRAIN_STEP]
+    for tier in TIERS:  # a training job: each traced step's peak, from its start
+        key = names.ATTR_PEAK_BYTES.format(tier=tier)
+        found = _reported(trained, key, t0, at_end=False)
+        if found is not None and any(n for _, n in found):
+            tiers[tier] = found
+    if tiers:
+        traced = max(Counter(s.service for s in trained).values())
+        return MemorySeries(
+            tiers,
+            len(sockets),
+            end,
+            f"from the rdu.train.step spans ({traced} traced steps per rank): each traced "
+            "step's peak, held until the next traced step",
+            {t: f"{t.upper()}: peak during each traced step" for t in tiers},
+        )
     deltas: dict[str, list[tuple[int, int]]] = {"hbm": [], "ddr": []}
     for sid in sockets:
         mine = [s for s in ops if s.service == sid]
@@ -296,7 +353,6 @@ def memory_series(spans: Sequence[Span]) -> MemorySeries | None:
                 deltas["hbm"].append((stop, int(s.attributes.get(names.ATTR_BYTES, 0))))
     if not any(deltas.values()):
         return None
-    tiers = {}
     for tier, changes in deltas.items():
         if not changes:
             continue
@@ -347,8 +403,10 @@ def plot_memory(spans: Sequence[Span], job_id: str, path: Path) -> Path | None:
         axes.append(fig.add_subplot(len(tiers), 1, i + 1, sharex=axes[0] if axes else None))
     for ax, tier in zip(axes, tiers, strict=True):
         steps = series.tiers[tier] + [(series.end_ns, series.tiers[tier][-1][1])]
+        # Bytes in the axis's own unit: a training job's kB are not 0.0000 GB.
+        name, scale = _bytes_unit(max(b for _, b in steps))
         xs = [t / unit.ns for t, _ in steps]
-        ys = [b / GB for _, b in steps]
+        ys = [b / scale for _, b in steps]
         color = {"hbm": "#1f77b4", "ddr": "#8c564b", "sram": "#2ca02c"}[tier]
         ax.step(
             xs,
@@ -363,14 +421,14 @@ def plot_memory(spans: Sequence[Span], job_id: str, path: Path) -> Path | None:
         top = max(ys) if ys else 0.0
         if capacity is not None:
             ax.axhline(
-                capacity / GB,
+                capacity / scale,
                 color="black",
                 linestyle="--",
                 linewidth=1,
                 label=f"{tier.upper()} capacity ({capacity / GB:,.0f} GB)",
             )
             # Keep the data readable: show the capacity line only when it is near.
-            if capacity / GB > CAPACITY_SHOWN_WITHIN * max(top, 1e-9):
+            if capacity / scale > CAPACITY_SHOWN_WITHIN * max(top, 1e-9):
                 ax.lines[-1].remove()
                 ax.text(
                     0.99,
@@ -381,18 +439,18 @@ def plot_memory(spans: Sequence[Span], job_id: str, path: Path) -> Path | None:
                     va="top",
                     fontsize=9,
                 )
-        if capacity is None or capacity / GB > CAPACITY_SHOWN_WITHIN * top:
-            ax.set_ylim(0, max(top * 1.2, 1e-3))
+        if capacity is None or capacity / scale > CAPACITY_SHOWN_WITHIN * top:
+            # Head room above the highest step for the legend in the upper left.
+            ax.set_ylim(0, max(top * 1.4, 1e-3))
         else:
-            ax.set_ylim(0, capacity / GB * 1.05)
-        ax.set_ylabel(f"{tier.upper()} (GB)")
+            ax.set_ylim(0, capacity / scale * 1.05)
+        ax.set_ylabel(f"{tier.upper()} ({name})")
         ax.set_xlim(0, series.end_ns / unit.ns * 1.01)
         ax.grid(alpha=0.3)
-        ax.legend(loc="lower right", frameon=False)
+        ax.legend(loc="upper left", frameon=False)
     axes[-1].set_xlabel(f"emulated time since the job's first operation ({unit.name})")
     axes[0].set_title(
-        f"Job {job_id}: memory used per tier, summed over its {series.sockets} sockets\n"
-        f"{series.source}",
+        f"Job {job_id}: memory per tier, summed over its {series.sockets} sockets\n{series.source}",
         loc="left",
     )
     return _save(fig, path)
@@ -421,30 +479,35 @@ def loss_points(result: Mapping[str, Any] | None) -> list[tuple[int, float]]:
 
 def span_loss_points(spans: Sequence[Span]) -> list[tuple[int, float]]:
     """(step, loss) pairs from hardware spans carrying `rdurack.train.loss` and
-    `rdurack.train.step` (proposed: the training spans carry the step, not yet the
-    loss). Each DDP rank reports its local batch's loss; with equal local batches their
-    mean is the global batch's loss, so a step's loss is the mean over its ranks."""
+    `rdurack.train.step` (the traced `rdu.train.step` spans). Each DDP rank reports its
+    local batch's loss; with equal local batches their mean is the global batch's loss,
+    so a step's loss is the mean over its ranks."""
     by_step: dict[int, list[float]] = {}
     for s in hardware_spans(spans):
-        if LOSS_ATTR in s.attributes and STEP_ATTR in s.attributes:
-            loss = float(s.attributes[LOSS_ATTR])
+        a = s.attributes
+        if names.ATTR_LOSS in a and names.ATTR_STEP in a:
+            loss = float(a[names.ATTR_LOSS])
             if math.isfinite(loss):
-                by_step.setdefault(int(s.attributes[STEP_ATTR]), []).append(loss)
+                by_step.setdefault(int(a[names.ATTR_STEP]), []).append(loss)
     return [(step, sum(xs) / len(xs)) for step, xs in sorted(by_step.items())]
 
 
-def plot_loss(points: Sequence[tuple[int, float]], job_id: str, path: Path) -> Path | None:
-    """The loss per optimizer step; None (nothing written) without points."""
+def plot_loss(
+    points: Sequence[tuple[int, float]], job_id: str, path: Path, what: str = "loss"
+) -> Path | None:
+    """The loss per optimizer step; None (nothing written) without points. `what`: the
+    y axis's label (whose loss it is)."""
     if not points:
         return None
     steps = [s for s, _ in points]
     losses = [x for _, x in points]
+    stride = min((b - a for a, b in pairwise(steps)), default=1)
     fig = Figure(figsize=(8, 4.5), layout="constrained")
     ax = fig.add_subplot()
     ax.plot(
         steps,
         losses,
-        marker="o" if len(points) <= 60 else None,
+        marker="o" if len(points) <= 80 else None,
         markersize=3,
         color="#1f77b4",
         linewidth=1.5,
@@ -453,10 +516,11 @@ def plot_loss(points: Sequence[tuple[int, float]], job_id: str, path: Path) -> P
     if positive and max(losses) / min(losses) > 100:
         ax.set_yscale("log")  # losses that fall by decades
     ax.set_xlabel("optimizer step")
-    ax.set_ylabel("loss")
+    ax.set_ylabel(what)
     ax.grid(alpha=0.3)
+    of = f"{len(points)} traced steps, one in {stride}" if stride > 1 else f"{len(points)} steps"
     ax.set_title(
-        f"Job {job_id}: training loss, {len(points)} steps ({losses[0]:.4g} → {losses[-1]:.4g})",
+        f"Job {job_id}: training loss, {of}, {losses[0]:.4g} → {losses[-1]:.4g}",
         loc="left",
     )
     return _save(fig, path)

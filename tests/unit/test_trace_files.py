@@ -684,26 +684,45 @@ def test_loss_points_from_a_result_or_from_spans() -> None:
     assert loss_points({"losses": [{"step": 10, "loss": 0.5}]}) == [(10, 0.5)]
     assert loss_points({"loss_curve": [[3, 0.25], [4, float("nan")]]}) == [(3, 0.25)]
 
-    def rank(sid: str, step: int, loss: float) -> Span:
-        return Span(
-            "1" * 32,
-            f"{step:08x}{int(sid[-1]):08x}",
-            None,
-            "rdu.train",
-            sid,
-            1,
-            0,
-            1,
-            attributes={
-                names.ATTR_EMULATED_START_NS: step,
-                names.ATTR_EMULATED_NS: 1,
-                "rdurack.train.step": step,
-                "rdurack.train.loss": loss,
-            },
-        )
-
-    spans = [rank("rdu-n0-s0", 1, 2.0), rank("rdu-n0-s1", 1, 1.0), rank("rdu-n0-s0", 2, 0.5)]
+    spans = [
+        _step("rdu-n0-s0", 1, loss=2.0),
+        _step("rdu-n0-s1", 1, loss=1.0),
+        _step("rdu-n0-s0", 2, loss=0.5),
+        _step("rdu-n0-s1", 2),  # timing mode: no loss
+    ]
     assert span_loss_points(spans) == [(1, 1.5), (2, 0.5)]  # the mean over the ranks
+
+
+def _step(sid: str, step: int, loss: float | None = None, **peaks: int) -> Span:
+    """A rank's `rdu.train.step` span: step s from emulated 100 s for 100 ns."""
+    attributes: dict[str, Any] = {
+        names.ATTR_EMULATED_START_NS: 100 * step,
+        names.ATTR_EMULATED_NS: 100,
+        names.ATTR_STEP: step,
+        **{names.ATTR_PEAK_BYTES.format(tier=t): n for t, n in peaks.items()},
+    }
+    if loss is not None:
+        attributes[names.ATTR_LOSS] = loss
+    span_id = f"{step:08x}{int(sid[-1]):08x}"
+    return Span("1" * 32, span_id, None, names.SPAN_TRAIN_STEP, sid, 1, 0, 1,
+                attributes=attributes)  # fmt: skip
+
+
+def test_a_training_jobs_memory_is_its_traced_steps_peaks_summed_over_its_sockets() -> None:
+    spans = [
+        _step("rdu-n0-s0", 1, hbm=50, ddr=0, sram=0),
+        _step("rdu-n0-s1", 1, hbm=50, ddr=0, sram=0),
+        _step("rdu-n0-s0", 5, hbm=80, ddr=20, sram=0),  # steps 2-4 untraced
+        _step("rdu-n0-s1", 5, hbm=70, ddr=20, sram=0),
+    ]
+    series = memory_series(spans)
+    assert series is not None and series.sockets == 2
+    assert list(series.tiers) == ["hbm", "ddr"]  # no SRAM held: no SRAM panel
+    # From each traced step's start (emulated ns since the first), held until the next.
+    assert series.tiers["hbm"] == [(0, 0), (0, 50), (0, 100), (400, 130), (400, 150)]
+    assert series.tiers["ddr"][-1] == (400, 40)
+    assert series.end_ns == 500
+    assert "2 traced steps per rank" in series.source
 
 
 def test_the_stage_figure_from_stage_spans_or_from_a_result(tmp_path: Path) -> None:
@@ -739,6 +758,55 @@ def test_the_stage_figure_from_stage_spans_or_from_a_result(tmp_path: Path) -> N
     assert result_stage_points(result) == [StagePoint("full", 228600, 0, 0.97, 630, False)]
     assert result_stage_points(None) == [] and plot_stages([], "j", tmp_path / "x.png") is None
     _png(plot_stages(points, "j", tmp_path / "stages.png", hbm_cap_bytes=650))
+
+
+def test_rdu_plot_draws_a_training_jobs_loss_and_memory_from_its_trace_alone(
+    services: Services,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A DDP job of two ranks on real sockets, each writing its spans to its trace
+    file; `rdu plot` without --result draws its loss and memory."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from rdurack.node_agent.socket import Socket
+    from rdurack.rack.presets import platform
+    from rdurack.workloads.training.job import TrainingWorkload
+
+    ids = ["rdu-n0-s0", "rdu-n1-s0"]
+    for sid in ids:
+        services.tracer(sid)  # the socket's provider, writing its trace file
+    made = [Socket(sid, platform("sn40l-rack16"), timeout_s=10.0,
+                   tracer_provider=services.providers[sid]) for sid in ids]  # fmt: skip
+    w = TrainingWorkload(world_size=2, global_batch=32, steps=8, dataset="synthetic")
+    try:
+        peers = {s.name: s.address() for s in made}
+        for s in made:
+            s.connect(peers)
+            s.reserve("job-t")
+        with ThreadPoolExecutor(2) as pool:
+            reports = list(pool.map(lambda s: s.train("job-t", w, ids), made))
+    finally:
+        for s in made:
+            s.close()
+    out, traces = str(tmp_path / "png"), str(services.directory)
+    code, stdout, err = _rdu(
+        capsys, monkeypatch, "plot", "job-t", "--out", out, "--trace-dir", traces
+    )
+    assert code == 0, err
+    for name in ("timeline", "memory", "loss", "stages"):
+        _png(tmp_path / "png" / f"job-t-{name}.png")
+        assert f"job-t-{name}.png" in stdout
+    spans = select_job(read_trace_dir(services.directory), "job-t")
+    mean = [sum(r.losses[i] for r in reports) / 2 for i in range(8)]
+    points = span_loss_points(spans)
+    assert [step for step, _ in points] == list(range(1, 9))
+    assert [loss for _, loss in points] == pytest.approx(mean)
+    series = memory_series(spans)
+    assert series is not None and "rdu.train.step" in series.source
+    peak = sum(r.peak_bytes["hbm"] for r in reports)  # the job's peak on each socket
+    assert max(n for _, n in series.tiers["hbm"]) == peak
 
 
 def test_loss_and_paper_plots(tmp_path: Path) -> None:
