@@ -1,5 +1,6 @@
-"""Traces of a CoE job through a real OTLP gRPC receiver, and the same spans in the trace
-files that `rdu trace` turns into Jaeger JSON.
+"""Traces of a CoE job, a kernel job, a collective and a DDP training job through a real
+OTLP gRPC receiver, and the same spans in the trace files that `rdu trace` turns into
+Jaeger JSON. Every attribute a span carries is one docs/tracing.md lists for that span.
 
 The rack here is started the way a user starts it (`rdu up`, i.e. local_rack.up: a Ray
 head, a node agent, the orchestrator, each its own process) with
@@ -16,12 +17,14 @@ flushes its actors' spans before killing them, and every process flushes at exit
 from __future__ import annotations
 
 import json
+import re
 import socket
 import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -30,17 +33,32 @@ import pytest
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
+from rdurack.rack.kernels import FusionPlan, Phase
+from rdurack.rack.models import builtin_models
+from rdurack.rack.presets import platform
 from rdurack.services import local_rack
 from rdurack.services.grpc_server import channel
 from rdurack.services.trace_files import Span, SpanLink, read_trace_dir, select_job, to_jaeger
 from rdurack.services.trace_files import validate_jaeger as validate
 from rdurack.telemetry import names
-from rdurack.v1 import common_pb2, job_pb2, job_pb2_grpc
+from rdurack.v1 import (
+    common_pb2,
+    job_pb2,
+    job_pb2_grpc,
+    node_agent_pb2,
+    node_agent_pb2_grpc,
+)
+from rdurack.workloads.predictor import Predictor
 
 pytestmark = pytest.mark.integration
 
 SOCKETS = 4  # one node of 4 sockets: one TP4 replica serves the CoE job
 EXPERTS = 20
+RANKS = 2  # the training job's world size
+TRAIN_STEPS = 6
+CHECKPOINT_EVERY = 3
+COLLECTIVE_JOB = "otlp-collective"  # an id of our own: the agents' RPC, no orchestrator job
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "tracing.md"
 
 
 # ------------------------------------------------------------------ an OTLP receiver
@@ -115,8 +133,11 @@ def receiver() -> Iterator[tuple[Receiver, str]]:
 
 @dataclass
 class Run:
-    job: job_pb2.Job  # the job the tests look at
-    first: job_pb2.Job  # the job that ran before it
+    job: job_pb2.Job  # the CoE job the tests look at
+    first: job_pb2.Job  # the CoE job that ran before it
+    kernel: job_pb2.Job  # a decode kernel job
+    training: job_pb2.Job  # a functional DDP job, checkpointing
+    collective: list[node_agent_pb2.SocketCollectiveTiming]  # a ring all-reduce, by socket
     otlp: list[Span]  # every span the receiver got
     trace_dir: Path
 
@@ -165,16 +186,80 @@ def run(
             # Two jobs, one after the other: the second starts where the sockets' clocks
             # stopped (not at 0), and the trace files hold another job to leave out.
             jobs = []
-            for _ in range(2):
-                submitted = stub.SubmitJob(job_pb2.SubmitJobRequest(spec=spec), timeout=30).job
+            for one in (spec, spec, KERNEL, TRAINING):
+                submitted = stub.SubmitJob(job_pb2.SubmitJobRequest(spec=one), timeout=30).job
                 jobs.append(_wait(stub, submitted.id))
             ch.close()
+            timings = _collective(rack.addresses["node-agent-0"])
         finally:
             local_rack.down(state)
     finally:
         mp.undo()
-    first, job = jobs
-    yield Run(job, first, list(servicer.spans), local_rack.trace_dir(state))
+    first, job, kernel, training = jobs
+    yield Run(
+        job, first, kernel, training, timings, list(servicer.spans), local_rack.trace_dir(state)
+    )
+
+
+KERNEL = job_pb2.JobSpec(
+    name="traced-kernel",
+    payload_mode=common_pb2.PAYLOAD_MODE_TIMING,
+    kernel=job_pb2.KernelJob(
+        model="llama2-7b",
+        phase=common_pb2.PHASE_DECODE,
+        fusion_plan=common_pb2.FUSION_PLAN_KERNEL_LOOPED,
+        sequence_length=512,
+        batch_size=1,
+        num_sockets=SOCKETS,
+        output_tokens=16,
+    ),
+)
+TRAINING = job_pb2.JobSpec(
+    name="traced-ddp",
+    payload_mode=common_pb2.PAYLOAD_MODE_FUNCTIONAL,
+    training=job_pb2.TrainingJob(
+        model="mlp",
+        dataset="digits",
+        world_size=RANKS,
+        global_batch=32,
+        steps=TRAIN_STEPS,
+        checkpoint_every=CHECKPOINT_EVERY,
+    ),
+)
+
+
+def _collective(agent: str) -> list[node_agent_pb2.SocketCollectiveTiming]:
+    """A ring all-reduce over the node's sockets, through the agent's own RPCs."""
+    with channel(agent) as ch:
+        stub = node_agent_pb2_grpc.NodeAgentServiceStub(ch)
+        sockets = stub.GetNode(node_agent_pb2.GetNodeRequest(), timeout=30).node.sockets
+        ids = [s.ref.id for s in sockets]
+        stub.ReserveSockets(
+            node_agent_pb2.ReserveSocketsRequest(job_id=COLLECTIVE_JOB, socket_ids=ids), timeout=30
+        )
+        group = node_agent_pb2.CollectiveGroup(
+            members=[
+                node_agent_pb2.GroupMember(socket=s.ref, rank=rank, link_address=s.link_address)
+                for rank, s in enumerate(sockets)
+            ]
+        )
+        reply = stub.Collective(
+            node_agent_pb2.CollectiveRequest(
+                job_id=COLLECTIVE_JOB,
+                op=node_agent_pb2.COLLECTIVE_OP_ALL_REDUCE,
+                group=group,
+                size_bytes=SOCKETS * (1 << 20),
+                tag="otlp-ring",
+                payload_mode=common_pb2.PAYLOAD_MODE_TIMING,
+                algorithm="ring",
+                emulated_start_ns=max(s.emulated_clock_ns for s in sockets),
+            ),
+            timeout=60,
+        )
+        stub.ReleaseSockets(
+            node_agent_pb2.ReleaseSocketsRequest(job_id=COLLECTIVE_JOB, socket_ids=ids), timeout=30
+        )
+        return list(reply.sockets)
 
 
 # ------------------------------------------------------------------ helpers
@@ -308,3 +393,149 @@ def test_the_trace_files_hold_the_same_spans_and_make_valid_jaeger_json(run: Run
     [trace] = doc["data"]
     services = {p["serviceName"] for p in trace["processes"].values()}
     assert {s.id for s in run.job.sockets} <= services
+
+
+# ------------------------------------------------------------------ FLOPs, links, training
+
+
+def _of_job(spans: list[Span], job_id: str, name: str) -> list[Span]:
+    found = [s for s in spans if s.name == name and s.job_id == job_id]
+    return sorted(found, key=lambda s: (s.service, s.emulated_start_ns))
+
+
+def _inside(child: Span, parent: Span) -> bool:
+    return (
+        parent.emulated_start_ns
+        <= child.emulated_start_ns
+        <= child.emulated_end_ns
+        <= parent.emulated_end_ns
+    )
+
+
+def test_kernel_spans_carry_the_flops_of_the_timing_model_and_the_jobs_utilization(
+    run: Run,
+) -> None:
+    rack = platform("sn40l-rack16")
+    predictor, models = Predictor(rack), builtin_models()
+    # CoE: every kernel (router, prefill, decode) of every socket, its TP4 share.
+    coe = _of_job(run.otlp, run.job.id, names.SPAN_KERNEL)
+    assert {s.attributes[names.ATTR_KERNEL_ROLE] for s in coe} == {"router", "prefill", "decode"}
+    for s in coe:
+        a = s.attributes
+        step = predictor.step(
+            models[a[names.ATTR_JOB_MODEL]],
+            Phase(a[names.ATTR_JOB_PHASE]),
+            FusionPlan(a[names.ATTR_FUSION_PLAN]),
+            a[names.ATTR_BATCH],
+            a[names.ATTR_SEQUENCE_LENGTH],
+            SOCKETS,
+        )
+        assert a[names.ATTR_FLOPS] == int(step.flops * a[names.ATTR_STEPS]) > 0
+        assert a[names.ATTR_TIER] == "hbm"
+    # The kernel job: its sockets' FLOPs over its emulated time are what it reports.
+    kernels = _of_job(run.otlp, run.kernel.id, names.SPAN_KERNEL)
+    assert {s.service for s in kernels} == {s.id for s in run.kernel.sockets}
+    per_socket = {
+        sid: sum(s.attributes[names.ATTR_FLOPS] for s in kernels if s.service == sid)
+        for sid in {s.service for s in kernels}
+    }
+    assert len(set(per_socket.values())) == 1  # TP: every socket its equal share
+    r = run.kernel.result.kernel
+    achieved = next(iter(per_socket.values())) / r.emulated_s
+    assert r.compute_utilization == pytest.approx(achieved / rack.socket.peak_flops_per_s)
+    assert 0 < r.compute_utilization < 1
+
+
+def test_collective_and_transfer_spans_name_their_links(run: Run) -> None:
+    collectives = _of_job(run.otlp, COLLECTIVE_JOB, names.SPAN_COLLECTIVE)
+    assert {s.service for s in collectives} == {t.socket_id for t in run.collective}
+    transfers = _of_job(run.otlp, COLLECTIVE_JOB, names.SPAN_TRANSFER)
+    by_id = {s.span_id: s for s in collectives}
+    ends = {s.service: s.emulated_end_ns for s in collectives}
+    for c in collectives:
+        a = c.attributes
+        mine = [t for t in transfers if t.parent_id == c.span_id]
+        # A ring over one node: 2 (N - 1) sends, all to the next socket on the mesh.
+        assert len(mine) == a[names.ATTR_TRANSFERS] == 2 * (SOCKETS - 1)
+        assert a[names.ATTR_TRANSFERS_UNTRACED] == 0
+        [link] = a[names.ATTR_LINKS]
+        assert link.startswith(f"{c.service}->") and a[names.ATTR_LINK_KINDS] == ["intra-node"]
+        assert sum(t.attributes[names.ATTR_BYTES] for t in mine) == a[names.ATTR_BYTES_SENT]
+        for t in mine:
+            assert t.service == c.service and t.attributes[names.ATTR_LINK] == link
+            assert t.attributes[names.ATTR_LINK_KIND] == "intra-node"
+            assert c.emulated_start_ns <= t.emulated_start_ns <= c.emulated_end_ns
+            receiver = link.split("->")[1]
+            assert t.emulated_end_ns <= ends[receiver]  # it waited for the arrival
+            assert t.end_ns - t.start_ns == t.attributes[names.ATTR_EMULATED_NS] > 0
+    assert all(t.parent_id in by_id for t in transfers)
+
+
+def test_a_training_jobs_steps_carry_its_losses_and_nest_their_all_reduce_and_checkpoints(
+    run: Run,
+) -> None:
+    job = run.training
+    assert job.state == common_pb2.JOB_STATE_SUCCEEDED, job.error_message
+    spans = _job_trace(run.otlp, job.id)
+    by_id = {s.span_id: s for s in spans}
+    ranks = [s.id for s in job.sockets]
+    assert len(ranks) == RANKS
+    result = job.result.training
+    for rank, sid in enumerate(ranks):
+        steps = [s for s in _of_job(spans, job.id, names.SPAN_TRAIN_STEP) if s.service == sid]
+        assert [s.attributes[names.ATTR_STEP] for s in steps] == list(range(1, TRAIN_STEPS + 1))
+        if rank == 0:  # the job's losses are rank 0's
+            assert [s.attributes[names.ATTR_LOSS] for s in steps] == list(result.losses)
+        for step in steps:
+            segment = by_id[step.parent_id or ""]
+            assert segment.name == names.SPAN_TRAIN and _inside(step, segment)
+            # segment -> node_agent.train -> RunTraining SERVER -> CLIENT -> job
+            chain = _ancestors(segment, by_id)
+            assert chain[0].name == names.SPAN_NODE_TRAIN
+            assert chain[-1].name == names.SPAN_JOB and chain[-1].job_id == job.id
+            [reduce] = [s for s in spans if s.parent_id == step.span_id]
+            assert reduce.name == names.SPAN_TRAIN_ALLREDUCE and _inside(reduce, step)
+            a = reduce.attributes
+            assert a[names.ATTR_BYTES] > 0 and a[names.ATTR_LINK_KINDS] == ["intra-node"]
+            assert 0 <= a[names.ATTR_EXPOSED_NS] <= a[names.ATTR_EMULATED_NS]
+        for earlier, later in pairwise(steps):
+            assert earlier.emulated_end_ns <= later.emulated_start_ns  # one after the other
+        saves = [s for s in _of_job(spans, job.id, names.SPAN_CHECKPOINT) if s.service == sid]
+        if rank != 0:
+            assert saves == []
+            continue
+        assert [s.attributes[names.ATTR_STEP] for s in saves] == [3, 6]
+        assert [s.attributes[names.ATTR_CHECKPOINT_PATH] for s in saves] == list(result.checkpoints)
+        for c in saves:
+            assert c.attributes[names.ATTR_CHECKPOINT_ACTION] == "save"
+            assert c.attributes[names.ATTR_BYTES] > 0
+            assert _inside(c, by_id[c.parent_id or ""])
+
+
+def _documented() -> dict[str, str]:
+    """Attribute -> its "on" column, from the attribute tables of docs/tracing.md."""
+    rows = re.findall(r"^\| `([a-z._{}]+)` \| `[A-Z_]+` \| ([^|]+) \|", DOCS.read_text(), re.M)
+    return {attr: on for attr, on in rows}
+
+
+def test_every_attribute_is_on_a_span_the_docs_name_for_it(run: Run) -> None:
+    documented = _documented()
+    patterns = [
+        (re.compile(re.escape(k).replace(r"\{tier\}", "(sram|hbm|ddr)") + "$"), on)
+        for k, on in documented.items()
+    ]
+    ours = [s for s in run.otlp if s.name.startswith(("rdu.", "node_agent.")) or s.name == "job"]
+    assert {s.name for s in ours} >= {
+        names.SPAN_TRANSFER,
+        names.SPAN_TRAIN_STEP,
+        names.SPAN_TRAIN_ALLREDUCE,
+        names.SPAN_CHECKPOINT,
+    }
+    wrong = set()
+    for s in ours:
+        family = f"`{s.name.split('.')[0]}.*`"
+        for attr in s.attributes:
+            on = next((o for p, o in patterns if p.match(attr)), None)
+            if on is None or (f"`{s.name}`" not in on and family not in on):
+                wrong.add((s.name, attr))
+    assert not wrong, sorted(wrong)
