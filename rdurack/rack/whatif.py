@@ -67,7 +67,9 @@ def load_platform(name: str, spec_file: Path | None = None) -> PlatformSpec:
         return platform(str(base)).overridden(overrides, str(spec_file))
     except ValidationError as e:
         first = e.errors()[0]
-        path = ".".join(str(p) for p in first["loc"])
+        # The file's own keys, escaped: a control character ("\x1e" is a line break to
+        # str.splitlines) would break the one-line error.
+        path = ".".join(str(p).encode("unicode_escape").decode() for p in first["loc"])
         raise InvalidRequest(f"{spec_file}: {path}: {first['msg']}") from None
     except ValueError as e:
         raise InvalidRequest(f"{spec_file}: {e}") from None
