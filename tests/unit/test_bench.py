@@ -16,6 +16,10 @@ from rdurack.services.bench import (
     run,
 )
 from rdurack.services.bench_figure import BenchFigure
+from rdurack.services.bench_training import progressive_figures
+from rdurack.workloads.training.job import TrainingWorkload
+from rdurack.workloads.training.profl import Comparison, Outcome
+from rdurack.workloads.training.shrunken import Shrunken
 
 MET = BenchFigure("fake latency", 1.5, "ms", 2.0, "lower")
 MISSED = BenchFigure("fake throughput", 10.0, "ops/s", 100.0, "higher")
@@ -174,3 +178,36 @@ def test_serving_engine_speed_is_a_positive_rate() -> None:
     (figure,) = bench_serving_engine(requests=200)
     assert figure.unit == "requests/s" and figure.better == "higher" and figure.value > 0
     _check_schema(json.loads(json.dumps(figure.__dict__)))
+
+
+def test_progressive_figures_are_the_mean_and_the_worst_seed_against_each_target() -> None:
+    def comparison(full: float, grown: float, shrunk: float, hbm: int) -> Comparison:
+        small = TrainingWorkload(blocks=4, hidden=44)
+
+        def outcome(accuracy: float, peak: int) -> Outcome:
+            return Outcome(small, accuracy, peak, 0, 1)
+
+        return Comparison(
+            outcome(full, 1000),
+            outcome(grown, hbm),
+            outcome(shrunk, 900),
+            Shrunken(small, 1, 900, "width"),
+        )
+
+    # Seed A: progressive 1 point below full, 0.5 above the shrunken model, HBM 50% less;
+    # seed B: 2.5 below full, 1 below the shrunken model, HBM 45% less.
+    figures = progressive_figures(
+        [comparison(0.97, 0.96, 0.955, 500), comparison(0.98, 0.955, 0.965, 550)]
+    )
+    got = {f.name: (round(f.value, 6), f.met) for f in figures}
+    hbm = "progressive vs full training: peak HBM per socket, less by"
+    gap = "progressive vs full training: test accuracy below by"
+    over = "progressive vs the largest shrunken model under the cap (4 x 44): accuracy above by"
+    assert got == {
+        f"{hbm} (mean of 2 seeds)": (47.5, True),
+        f"{hbm} (worst of 2 seeds)": (45.0, True),
+        f"{gap} (mean of 2 seeds)": (1.75, True),
+        f"{gap} (worst of 2 seeds)": (2.5, False),
+        f"{over} (mean of 2 seeds)": (-0.25, False),
+        f"{over} (worst of 2 seeds)": (-1.0, False),
+    }
