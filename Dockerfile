@@ -25,7 +25,7 @@ RUN pip install . \
       $(find proto -name '*.proto' | sort) \
  && echo '"""Generated at image build from proto/rdurack/v1; never edit."""' > rdurack/v1/__init__.py \
  && pip install --no-deps --force-reinstall . \
- && python -c "import rdurack.v1.job_pb2_grpc, rdurack.services.orchestrator_main" \
+ && python -c "import rdurack.v1.job_pb2_grpc, rdurack.processes.orchestrator_main" \
  && rm -rf /opt/rdurack/build
 
 # A non-root user with a fixed uid: the manifests' runAsUser and fsGroup are 10001.

@@ -63,10 +63,10 @@ run: $(PROTO_STAMP) ## the main demo on the embedded default rack (rdu demo)
 	$(BIN)/rdu demo
 
 bench: $(PROTO_STAMP) ## benchmarks: prints a table, writes build/bench.json
-	$(BIN)/python -m rdurack.services.bench --out build/bench.json
+	$(BIN)/python -m rdurack.devtools.bench --out build/bench.json
 
 chaos: $(PROTO_STAMP) ## random faults under a mixed workload, bounded (CHAOS_S, CHAOS_SEED)
-	$(BIN)/python -m rdurack.services.chaos --duration-s $(CHAOS_S) --state-dir build/chaos \
+	$(BIN)/python -m rdurack.devtools.chaos --duration-s $(CHAOS_S) --state-dir build/chaos \
 		$(if $(CHAOS_SEED),--seed $(CHAOS_SEED))
 
 k8s-render: ## print the manifests of k8s/overlays/$(OVERLAY) (OVERLAY=dev|rack16)

@@ -3,7 +3,7 @@
 Ray reads its environment when it is imported, and without these settings it binds to
 every interface and sends usage statistics. rdurack must stay on loopback, so importing
 rdurack sets them (as defaults: a user's own values win) before any module imports Ray.
-Child processes rdurack starts get them explicitly (services/local_rack.py).
+Child processes rdurack starts get them explicitly (processes/local_rack.py).
 """
 
 import os as _os

@@ -1,6 +1,6 @@
 """A node agent: the 8 socket actors of one rack node, started on its own Ray node.
 
-A plain class; services/node_agent_service.py serves it as rdurack.v1.NodeAgentService.
+A plain class; api/node_agent_service.py serves it as rdurack.v1.NodeAgentService.
 Every call to an actor has a deadline, so a dead or wedged socket shows up as a clear
 error, never as a hang.
 
@@ -29,9 +29,9 @@ from opentelemetry import trace
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from rdurack.errors import InvalidRequest, LinkFailure, RdurackError, UnknownName
 from rdurack.node_agent.actors import SocketActor, control
 from rdurack.node_agent.socket import Run, SocketState
-from rdurack.rack.errors import InvalidRequest, LinkFailure, RdurackError, UnknownName
 from rdurack.rack.faults import LINK_KINDS, Fault, FaultConflict, FaultKind
 from rdurack.rack.kernels import FusionPlan, Phase
 from rdurack.rack.models import ModelSpec

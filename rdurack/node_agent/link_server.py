@@ -41,9 +41,9 @@ from typing import NoReturn
 
 import grpc
 
+from rdurack.errors import InvalidRequest, LinkFailure
 from rdurack.node_agent import link_wire
 from rdurack.node_agent.mailbox import Buffer, Mailbox, Message
-from rdurack.rack.errors import InvalidRequest, LinkFailure
 from rdurack.security.guard import Bounds, RequestGuard
 from rdurack.security.tls import TlsConfig
 from rdurack.v1 import link_pb2

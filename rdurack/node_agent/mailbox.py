@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from rdurack.rack.errors import InvalidRequest, LinkFailure
+from rdurack.errors import InvalidRequest, LinkFailure
 
 # (collective tag, collective step, sending socket id): one message per key.
 Key = tuple[str, int, str]

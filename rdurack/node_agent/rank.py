@@ -38,16 +38,16 @@ from collections import deque
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 from opentelemetry.util.types import AttributeValue
 from ray import cloudpickle
 
+from rdurack.errors import InvalidRequest, RdurackError
 from rdurack.node_agent.hardware_trace import Traffic, link_attributes
 from rdurack.node_agent.train_trace import GradientWindow, RankSpans, TrainSpan, traced
 from rdurack.rack.clock import EmulatedClock, seconds_to_ns
-from rdurack.rack.errors import InvalidRequest, RdurackError
 from rdurack.rack.memory import TieredMemory
 from rdurack.rack.models import ModelSpec
 from rdurack.rack.presets import platform as preset
@@ -74,8 +74,30 @@ from rdurack.workloads.training.memory import MemoryAccount
 from rdurack.workloads.training.models import Model
 from rdurack.workloads.training.overlap import split_by_bytes
 
-if TYPE_CHECKING:
-    from rdurack.node_agent.socket import Socket
+
+class RankHost(Protocol):
+    """What a rank needs of the socket it runs on (node_agent/socket.py is one)."""
+
+    name: str
+    platform: PlatformSpec
+    memory: TieredMemory
+    clock: EmulatedClock
+    slowdown: float
+
+    def exchange(
+        self,
+        tag: str,
+        op: str,
+        group: list[str],
+        buffer: np.ndarray | None = None,
+        *,
+        nbytes: int = 0,
+        itemsize: int = 4,
+        root: str | None = None,
+        clock: EmulatedClock | None = None,
+        scratch_links: bool = False,
+        traffic: list[Traffic] | None = None,
+    ) -> np.ndarray | None: ...
 
 
 class Straggler(RdurackError):
@@ -97,7 +119,7 @@ class Straggler(RdurackError):
 class LinkBackend:
     """Rank `rank` of `group` (socket ids, rank order) over `socket`'s links."""
 
-    def __init__(self, socket: Socket, job_id: str, group: list[str], rank: int) -> None:
+    def __init__(self, socket: RankHost, job_id: str, group: list[str], rank: int) -> None:
         self.socket = socket
         self.job_id = job_id
         self.group = group
@@ -239,7 +261,7 @@ class TimedModel:
     """A numpy model whose passes advance the socket's emulated clock by the timing
     model, and whose backward marks when each gradient bucket is ready."""
 
-    def __init__(self, model: Model, backend: LinkBackend, cost: StepCost, socket: Socket):
+    def __init__(self, model: Model, backend: LinkBackend, cost: StepCost, socket: RankHost):
         self.model = model
         self.backend = backend
         self.cost = cost
@@ -268,14 +290,14 @@ class TimedModel:
         return self.model.saved_bytes()
 
 
-def forward(backend: LinkBackend, cost: StepCost, socket: Socket) -> None:
+def forward(backend: LinkBackend, cost: StepCost, socket: RankHost) -> None:
     """A step's forward on the socket's clock, after the communication stream."""
     backend.begin_step()
     socket.clock.advance(cost.forward_s * socket.slowdown)
     backend.compute_s += cost.forward_s
 
 
-def backward(backend: LinkBackend, cost: StepCost, socket: Socket) -> None:
+def backward(backend: LinkBackend, cost: StepCost, socket: RankHost) -> None:
     """Backward's compute on the socket's clock; each bucket ready in proportion to its
     bytes (split_by_bytes); then the lateness check."""
     backend.compute_s += cost.backward_s
@@ -310,7 +332,7 @@ class RankRunner:
 
     def __init__(
         self,
-        socket: Socket,
+        socket: RankHost,
         job_id: str,
         w: TrainingWorkload,
         platform_name: str,

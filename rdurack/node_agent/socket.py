@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from opentelemetry import trace
 
+from rdurack.errors import InvalidRequest, LinkFailure, SocketBusy, UnknownName
 from rdurack.node_agent.hardware_trace import (
     HardwareTrace,
     Sent,
@@ -43,7 +44,6 @@ from rdurack.rack.collectives import (
     split,
 )
 from rdurack.rack.collectives import Send as ScheduledSend
-from rdurack.rack.errors import InvalidRequest, LinkFailure, SocketBusy, UnknownName
 from rdurack.rack.kernels import FusionPlan, Phase
 from rdurack.rack.memory import TieredMemory, TierUsage
 from rdurack.rack.models import ModelSpec, builtin_models

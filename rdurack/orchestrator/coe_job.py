@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from rdurack.errors import InvalidRequest, LinkFailure, OneProcessPerSocket, UnknownName
 from rdurack.orchestrator.gateway import NodeGateway
 from rdurack.orchestrator.platforms import job_platform
-from rdurack.rack.errors import InvalidRequest, LinkFailure, OneProcessPerSocket, UnknownName
 from rdurack.rack.kernels import FusionPlan
 from rdurack.rack.models import ModelSpec
 from rdurack.rack.spec import PlatformSpec

@@ -14,8 +14,8 @@ import time
 import uuid
 from collections.abc import Callable
 
+from rdurack.errors import LinkFailure, RdurackError, UnknownName
 from rdurack.orchestrator.gateway import NodeGateway
-from rdurack.rack.errors import LinkFailure, RdurackError, UnknownName
 from rdurack.rack.faults import Fault, FaultConflict, FaultKind, make_fault
 from rdurack.rack.spec import PlatformSpec
 from rdurack.rack.topology import Topology

@@ -27,7 +27,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 
-from rdurack.rack.errors import RdurackError
+from rdurack.errors import RdurackError
 
 # Outcomes of failed batches kept for their waiters (one per failed commit; a waiter
 # reads its own soon after, and batch numbers only grow).

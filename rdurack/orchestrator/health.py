@@ -32,8 +32,8 @@ from collections.abc import Callable, Collection
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from rdurack.errors import RdurackError
 from rdurack.orchestrator.gateway import NodeBeat, NodeGateway
-from rdurack.rack.errors import RdurackError
 from rdurack.rack.spec import PlatformSpec
 from rdurack.rack.topology import SocketId, Topology
 

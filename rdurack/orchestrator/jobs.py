@@ -20,9 +20,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
-from rdurack.rack.errors import InvalidRequest, RdurackError
+from rdurack.config import Config
+from rdurack.errors import InvalidRequest, RdurackError
 from rdurack.rack.kernels import FusionPlan, Phase
-from rdurack.rack.spec import Config
 from rdurack.workloads.coe_spec import CoeWorkload
 from rdurack.workloads.training.job import TrainingWorkload
 

@@ -1,6 +1,6 @@
 """The orchestrator: accepts jobs, schedules them on the rack, runs them, records all.
 
-A plain class. services/job_service.py serves it over gRPC; it reaches node agents only
+A plain class. api/job_service.py serves it over gRPC; it reaches node agents only
 through a NodeGateway. Every state change goes through the job store (written before it
 is acknowledged) and its transition table, so a cancelled or finished job is never
 overwritten by a late worker.
@@ -46,6 +46,15 @@ from typing import Any, Literal, TypeVar
 
 from opentelemetry import trace
 
+from rdurack.errors import (
+    InvalidRequest,
+    LinkFailure,
+    PermissionDenied,
+    QuotaExceeded,
+    RdurackError,
+    SocketBusy,
+    UnknownName,
+)
 from rdurack.orchestrator.coe_job import GatewayReplicas, replica_groups, validate_coe
 from rdurack.orchestrator.gateway import KernelRun, NodeGateway, NodeView, SocketView
 from rdurack.orchestrator.health import DEAD_AFTER_S, INTERVAL_S, Change, HealthWatcher
@@ -55,15 +64,6 @@ from rdurack.orchestrator.scheduler import Scheduler
 from rdurack.orchestrator.signals import JobSignals
 from rdurack.orchestrator.store import Event, JobStore
 from rdurack.orchestrator.training_job import training_result, validate_training
-from rdurack.rack.errors import (
-    InvalidRequest,
-    LinkFailure,
-    PermissionDenied,
-    QuotaExceeded,
-    RdurackError,
-    SocketBusy,
-    UnknownName,
-)
 from rdurack.rack.kernels import Phase, step
 from rdurack.rack.models import builtin_models
 from rdurack.rack.spec import PlatformSpec

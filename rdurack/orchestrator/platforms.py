@@ -3,7 +3,7 @@ emulated on one rack node's socket actors for the job's duration."""
 
 from __future__ import annotations
 
-from rdurack.rack.errors import InvalidRequest, UnknownName
+from rdurack.errors import InvalidRequest, UnknownName
 from rdurack.rack.presets import builtin_platforms
 from rdurack.rack.spec import PlatformSpec
 

@@ -26,9 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from rdurack.errors import InvalidRequest, RdurackError, UnknownName
 from rdurack.orchestrator.group_commit import GroupCommit
 from rdurack.orchestrator.jobs import Job, JobSpec, JobState
-from rdurack.rack.errors import InvalidRequest, RdurackError, UnknownName
 
 # Bumped whenever the schema changes; kept in the file's `PRAGMA user_version`.
 SCHEMA_VERSION = 2  # 2: jobs have a tenant (migrated from 1 on open)

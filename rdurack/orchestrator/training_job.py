@@ -11,7 +11,7 @@ from __future__ import annotations
 import base64
 from typing import Any
 
-from rdurack.rack.errors import InvalidRequest, OneProcessPerSocket
+from rdurack.errors import InvalidRequest, OneProcessPerSocket
 from rdurack.rack.models import ModelSpec
 from rdurack.rack.spec import PlatformSpec
 from rdurack.workloads.training.job import (

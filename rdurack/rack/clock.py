@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from decimal import Decimal
 
-from rdurack.rack.errors import InvalidRequest
+from rdurack.errors import InvalidRequest
 
 NS_PER_S = 1_000_000_000
 

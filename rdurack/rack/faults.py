@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass
 from enum import StrEnum
 
-from rdurack.rack.errors import InvalidRequest, RdurackError, UnknownName
+from rdurack.errors import InvalidRequest, RdurackError, UnknownName
 from rdurack.rack.topology import SocketId, Topology
 
 # Largest slowdown and extra link latency accepted: beyond them a fault is a typo (a

@@ -15,8 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from math import ceil
 
+from rdurack.errors import InvalidRequest
 from rdurack.rack.clock import seconds_to_ns
-from rdurack.rack.errors import InvalidRequest
 from rdurack.rack.spec import LinkSpec
 
 

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from rdurack.rack.errors import InvalidRequest, OutOfMemory, UnknownName
+from rdurack.errors import InvalidRequest, OutOfMemory, UnknownName
 from rdurack.rack.spec import SocketSpec, Tier
 
 

@@ -6,8 +6,8 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from rdurack.rack.errors import UnknownName
-from rdurack.rack.spec import Config
+from rdurack.config import Config
+from rdurack.errors import UnknownName
 
 
 class ModelSpec(Config):

@@ -15,7 +15,7 @@ figures are predicted without having been used.
 
 from __future__ import annotations
 
-from rdurack.rack.errors import UnknownName
+from rdurack.errors import UnknownName
 from rdurack.rack.spec import (
     KernelCostSpec,
     LinkSpec,

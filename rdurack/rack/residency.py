@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from rdurack.rack.errors import InvalidRequest, OutOfMemory, UnknownName
+from rdurack.errors import InvalidRequest, OutOfMemory, UnknownName
 
 # How an OutOfMemory from the reserved region names itself: it is a region of HBM, not a
 # socket's whole tier, and this class does not know which socket holds it.

@@ -13,7 +13,9 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Any, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
+
+from rdurack.config import Config
 
 
 class Tier(StrEnum):
@@ -22,13 +24,6 @@ class Tier(StrEnum):
     SRAM = "sram"
     HBM = "hbm"
     DDR = "ddr"
-
-
-class Config(BaseModel):
-    """Base of every config model: frozen, no unknown fields."""
-
-    # No infinities or NaNs: a number that is not finite is never a hardware figure.
-    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
 class Sourced(Config):

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rdurack.errors import InvalidRequest, OutOfMemory
 from rdurack.rack.collectives import Algorithm, Cost, all_reduce
-from rdurack.rack.errors import InvalidRequest, OutOfMemory
 from rdurack.rack.kernels import Block, FusionPlan, Op, OpKind, Step
 from rdurack.rack.spec import PlatformSpec
 from rdurack.rack.topology import SocketId, Topology

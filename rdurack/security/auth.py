@@ -51,8 +51,8 @@ import grpc
 import yaml
 from pydantic import Field, ValidationError, model_validator
 
-from rdurack.rack.errors import InvalidRequest
-from rdurack.rack.spec import Config
+from rdurack.config import Config
+from rdurack.errors import InvalidRequest
 from rdurack.security.guard import wrap_handler
 
 HEALTH_SERVICE = "grpc.health.v1.Health"

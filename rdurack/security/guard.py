@@ -25,7 +25,7 @@ import grpc
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
-from rdurack.rack.errors import InvalidRequest
+from rdurack.errors import InvalidRequest
 
 Check = Callable[[grpc.ServicerContext], None]
 RequestCheck = Callable[[Any, grpc.ServicerContext], Any]

@@ -30,8 +30,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives.serialization import load_pem_private_key
 from pydantic import Field, ValidationError, model_validator
 
-from rdurack.rack.errors import InvalidRequest
-from rdurack.rack.spec import Config
+from rdurack.config import Config
+from rdurack.errors import InvalidRequest
 from rdurack.security.guard import wrap_handler
 
 DEFAULT_RACK_IDENTITY = "rdurack-rack"

@@ -2,7 +2,7 @@
 
 Observable gauges, read when a reader collects (a Prometheus scrape): each one's
 callback asks a *source* for one `RackSample`. The source is a plain object passed in
-(services/rack_metrics.py adapts the orchestrator), so nothing here is a module-level
+(api/metrics.py adapts the orchestrator), so nothing here is a module-level
 singleton and tests give their own source and reader. One sample serves all gauges of
 one collection (`CachedSource`): a scrape costs one look at the rack, not one per gauge.
 

@@ -23,8 +23,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from math import ceil
 
+from rdurack.errors import InvalidRequest, OutOfMemory, UnknownName
 from rdurack.rack.clock import EmulatedClock, seconds_to_ns
-from rdurack.rack.errors import InvalidRequest, OutOfMemory, UnknownName
 from rdurack.rack.memory import TieredMemory
 from rdurack.rack.models import ModelSpec
 from rdurack.rack.presets import platform as preset

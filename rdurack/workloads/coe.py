@@ -34,7 +34,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from rdurack.rack.errors import InvalidRequest, LinkFailure, OutOfMemory
+from rdurack.errors import InvalidRequest, LinkFailure, OutOfMemory
 from rdurack.rack.kernels import FusionPlan, Phase
 from rdurack.rack.models import ModelSpec
 from rdurack.rack.spec import PlatformSpec

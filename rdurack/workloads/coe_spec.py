@@ -15,9 +15,9 @@ from typing import Literal
 import numpy as np
 from pydantic import Field, model_validator
 
-from rdurack.rack.errors import InvalidRequest
+from rdurack.config import Config
+from rdurack.errors import InvalidRequest
 from rdurack.rack.kernels import FusionPlan
-from rdurack.rack.spec import Config
 from rdurack.workloads.predictor import TABLE_V_PROMPT_TOKENS
 from rdurack.workloads.router import Router, RoutingPolicy, hash_route, resolve_hint, tokenize
 

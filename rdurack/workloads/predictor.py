@@ -13,7 +13,7 @@ from functools import lru_cache
 from math import ceil
 from typing import Any
 
-from rdurack.rack.errors import InvalidRequest, OutOfMemory
+from rdurack.errors import InvalidRequest, OutOfMemory
 from rdurack.rack.kernels import FusionPlan, Phase, step
 from rdurack.rack.models import ModelSpec
 from rdurack.rack.spec import PlatformSpec

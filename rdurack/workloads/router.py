@@ -29,7 +29,7 @@ from enum import StrEnum
 import numpy as np
 import numpy.typing as npt
 
-from rdurack.rack.errors import InvalidRequest, UnknownName
+from rdurack.errors import InvalidRequest, UnknownName
 
 VOCAB = 256  # byte-level tokens: one per UTF-8 byte
 # Hashed feature dimension. The 150-expert catalog has ~3,100 distinct keys (1,010

@@ -30,9 +30,9 @@ import numpy as np
 import numpy.typing as npt
 from pydantic import Field, model_validator
 
-from rdurack.rack.errors import InvalidRequest
+from rdurack.config import Config
+from rdurack.errors import InvalidRequest
 from rdurack.rack.models import ModelSpec
-from rdurack.rack.spec import Config
 
 Array = npt.NDArray[np.float64]
 AllReduce = Callable[[Array], Array]

@@ -1,29 +1,25 @@
-"""One local Ray per test session; a rack of two node agents served over gRPC."""
+"""One local Ray per test session; a rack of two node agents served over gRPC; the
+control plane (an orchestrator in this process, served on a free port) on them, one per
+test module."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import grpc
 import pytest
 import ray
 
+from rdurack.api.job_service import JOB_SERVICE, RACK_SERVICE, JobService, RackService
+from rdurack.api.node_gateway import GrpcNodeGateway
+from rdurack.api.server import Server, channel
 from rdurack.node_agent.actors import start_ray
-from rdurack.node_agent.agent import NodeAgent, start_rack
+from rdurack.orchestrator.orchestrator import Orchestrator
+from rdurack.orchestrator.store import JobStore
 from rdurack.rack.presets import platform
-from rdurack.rack.spec import PlatformSpec
-from rdurack.services.grpc_server import Server, channel
-from rdurack.services.node_agent_service import SERVICE, NodeAgentService
-from rdurack.v1 import node_agent_pb2_grpc
-
-
-@dataclass
-class ServedAgent:
-    agent: NodeAgent
-    server: Server
-    channel: grpc.Channel
-    stub: node_agent_pb2_grpc.NodeAgentServiceStub
+from rdurack.v1 import job_pb2_grpc, rack_pb2_grpc
+from tests.support.agents import ServedAgent, start_agents, stop_agents
+from tests.support.control import PLATFORM, Control, drain, release_held
 
 
 @pytest.fixture(scope="session")
@@ -33,29 +29,41 @@ def ray_session() -> Iterator[None]:
     ray.shutdown()
 
 
-def serve(agent: NodeAgent) -> ServedAgent:
-    service = NodeAgentService(agent)
-    server = Server([(SERVICE, service.add_to)])
-    service.address = server.address
-    ch = channel(server.address)
-    return ServedAgent(agent, server, ch, node_agent_pb2_grpc.NodeAgentServiceStub(ch))
-
-
-def start_agents(spec: PlatformSpec, link_timeout_s: float) -> list[ServedAgent]:
-    agents = start_rack(spec, link_timeout_s=link_timeout_s, call_timeout_s=60)
-    return [serve(a) for a in agents]
-
-
-def stop_agents(served: list[ServedAgent]) -> None:
-    for s in served:
-        s.channel.close()
-        s.server.stop(0)
-        s.agent.stop()
-
-
 @pytest.fixture(scope="session")
 def rack(ray_session: None) -> Iterator[list[ServedAgent]]:
     """Two node agents x 8 sockets of the sn40l-rack16 platform."""
     served = start_agents(platform("sn40l-rack16"), link_timeout_s=5.0)
     yield served
     stop_agents(served)
+
+
+@pytest.fixture(scope="module")
+def control(rack: list[ServedAgent], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Control]:
+    """An orchestrator in this process, served on a free port, on the rack's two agents."""
+    store = JobStore(tmp_path_factory.mktemp("control") / "jobs.sqlite")
+    gateway = GrpcNodeGateway([a.server.address for a in rack])
+    orchestrator = Orchestrator(store, gateway, platform(PLATFORM))
+    orchestrator.start()
+    server: Server | None = None
+    ch: grpc.Channel | None = None
+    try:
+        server = Server(
+            [
+                (JOB_SERVICE, JobService(orchestrator).add_to),
+                (RACK_SERVICE, RackService(orchestrator).add_to),
+            ]
+        )
+        ch = channel(server.address)
+        stub = job_pb2_grpc.JobServiceStub(ch)
+        yield Control(orchestrator, server, ch, stub, rack_pb2_grpc.RackServiceStub(ch))
+        drain(stub, timeout_s=30)
+    finally:
+        if ch is not None:
+            ch.close()
+        if server is not None:
+            server.stop(0)
+        orchestrator.stop()
+        gateway.close()
+        ids = [j.id for j in store.list()]
+        store.close()
+        release_held(rack, ids)

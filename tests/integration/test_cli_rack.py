@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -14,27 +12,11 @@ from typing import Any
 import psutil
 import pytest
 
-from rdurack.services import local_rack
+from rdurack.processes import local_rack
+from tests.support.cli import rdu
+from tests.support.ports import free_port
 
 pytestmark = pytest.mark.integration
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def rdu(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != "RDURACK_ORCHESTRATOR"}
-    return subprocess.run(
-        [sys.executable, "-m", "rdurack.services.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-    )
 
 
 def _json(done: subprocess.CompletedProcess[str]) -> Any:
@@ -56,7 +38,7 @@ def _gone(pid: int, within_s: float = 20) -> bool:
 
 def test_up_submit_watch_cancel_down(tmp_path: Path) -> None:
     state = tmp_path / "state"
-    port = _free_port()
+    port = free_port()
     address = ["--address", f"127.0.0.1:{port}"]
     pids: dict[str, int] = {}
     try:
@@ -80,7 +62,7 @@ def test_up_submit_watch_cancel_down(tmp_path: Path) -> None:
         assert set(pids) == {"ray-head", "node-agent-0", "orchestrator"}
 
         # A second `up` in the same state dir refuses, in one line.
-        again = rdu("up", "--state-dir", str(state), "--port", str(_free_port()))
+        again = rdu("up", "--state-dir", str(state), "--port", str(free_port()))
         assert again.returncode == 2
         assert "already up" in again.stderr and len(again.stderr.splitlines()) == 1
 

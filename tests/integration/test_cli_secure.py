@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from rdurack.processes import local_rack
 from rdurack.security.auth import digest
-from rdurack.services import local_rack
-from tests.integration.test_cli_rack import _free_port, rdu
+from tests.support.cli import rdu
+from tests.support.ports import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -25,7 +26,7 @@ def test_a_secured_rack_serves_its_tenants_and_refuses_the_rest(tmp_path: Path) 
         "tenants: {alice: {socket_quota: 2}, bob: {socket_quota: 1}}\ntokens:\n"
         + "".join(f"  - {{sha256: {digest(t)}, tenant: {n}}}\n" for n, t in TOKENS.items())
     )
-    port = _free_port()
+    port = free_port()
     address = ["--address", f"127.0.0.1:{port}"]
     ca = str(state / "tls" / "ca.crt")
     try:

@@ -9,17 +9,16 @@ import grpc
 import pytest
 from google.protobuf import json_format
 
+from rdurack.cli.rack import _job_dict
 from rdurack.rack.kernels import FusionPlan
 from rdurack.rack.models import builtin_models
 from rdurack.rack.presets import platform
-from rdurack.services.cli_rack import _job_dict
 from rdurack.v1 import common_pb2, job_pb2
 from rdurack.workloads.coe import expert_seed
 from rdurack.workloads.predictor import CoeSetting, Predictor, predict_coe
 from rdurack.workloads.router import Router, tokenize
 from rdurack.workloads.tiny_lm import TinyLM, TinyLMConfig, reference_generate
-from tests.integration import test_control_plane as cp
-from tests.integration.test_control_plane import (
+from tests.support.control import (
     FAILED,
     SUCCEEDED,
     Control,
@@ -30,7 +29,6 @@ from tests.integration.test_control_plane import (
 )
 
 pytestmark = pytest.mark.integration
-control = cp.control  # the control plane's module fixture: an orchestrator on the rack
 MODELS = builtin_models()
 # PAPER Table V (batch 8, 20 output tokens): SN40L node vs DGX speedups.
 PAPER_SPEEDUP = {"dgx-a100": 6.6, "dgx-h100": 3.7}

@@ -16,7 +16,7 @@ from rdurack.rack.models import model
 from rdurack.rack.presets import platform
 from rdurack.rack.topology import SocketId, Topology
 from rdurack.v1 import common_pb2, node_agent_pb2
-from tests.integration.conftest import ServedAgent, start_agents, stop_agents
+from tests.support.agents import ServedAgent, start_agents, stop_agents
 
 pytestmark = pytest.mark.integration
 RACK = platform("sn40l-rack16")

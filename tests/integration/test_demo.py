@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -12,27 +11,21 @@ from pathlib import Path
 import psutil
 import pytest
 
-from rdurack.services.cli_demo import DemoJob, demo_jobs, outcome_ok
+from rdurack.cli.demo import DemoJob, demo_jobs, outcome_ok
+from tests.support.ports import free_port
 
 pytestmark = pytest.mark.integration
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def test_demo_runs_every_section_and_takes_the_rack_down(tmp_path: Path) -> None:
     state = tmp_path / "state"
     env = {**os.environ, "COLUMNS": "200"}  # rich wraps tables at the terminal's width
-    port = str(_free_port())
+    port = str(free_port())
     done = subprocess.run(
         [
             sys.executable,
             "-m",
-            "rdurack.services.cli",
+            "rdurack.cli.main",
             "demo",
             "--state-dir",
             str(state),

@@ -19,14 +19,14 @@ from pathlib import Path
 import grpc
 import pytest
 
+from rdurack.api.server import channel
+from rdurack.client.admin import AdminClient, wait_healthy
+from rdurack.devtools.chaos import ChaosConfig, ChaosRun, Rack
 from rdurack.orchestrator.store import JobStore
-from rdurack.services import local_rack
-from rdurack.services.admin_client import AdminClient, wait_healthy
-from rdurack.services.chaos import ChaosConfig, ChaosRun, Rack
-from rdurack.services.grpc_server import channel
+from rdurack.processes import local_rack
 from rdurack.v1 import common_pb2, job_pb2, job_pb2_grpc, rack_pb2, rack_pb2_grpc
 from rdurack.workloads.training.checkpoint import latest
-from tests.unit.test_cli import rdu
+from tests.support.cli import rdu
 
 pytestmark = pytest.mark.integration
 

@@ -15,14 +15,14 @@ from google.protobuf.descriptor import MethodDescriptor
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from rdurack.api.node_agent_service import SERVICE, NodeAgentService
+from rdurack.api.server import Server, channel
 from rdurack.node_agent.agent import NodeAgent
 from rdurack.rack.presets import platform
-from rdurack.services.grpc_server import Server, channel
-from rdurack.services.node_agent_service import SERVICE, NodeAgentService
 from rdurack.v1 import common_pb2, node_agent_pb2, node_agent_pb2_grpc
-from tests.conftest import RackCerts
-from tests.fuzz_messages import hostile
-from tests.grpc_calls import PROPER, call
+from tests.support.certs import RackCerts
+from tests.support.fuzz_messages import hostile
+from tests.support.grpc_calls import PROPER, call
 
 pytestmark = pytest.mark.integration
 

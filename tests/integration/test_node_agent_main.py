@@ -14,7 +14,7 @@ import pytest
 import ray
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from rdurack.services.grpc_server import channel
+from rdurack.api.server import channel
 from rdurack.v1 import node_agent_pb2, node_agent_pb2_grpc
 
 pytestmark = pytest.mark.integration
@@ -29,7 +29,7 @@ def test_entrypoint_serves_a_node_and_stops_on_sigterm(ray_session: None, tmp_pa
         "RAY_ADDRESS": ray.get_runtime_context().gcs_address,  # join this session's Ray
     }
     proc = subprocess.Popen(
-        [sys.executable, "-m", "rdurack.services.node_agent_main", "--spec", str(spec)],
+        [sys.executable, "-m", "rdurack.processes.node_agent_main", "--spec", str(spec)],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -69,7 +69,7 @@ def test_entrypoint_refuses_a_bad_node_index_in_one_line() -> None:
         [
             sys.executable,
             "-m",
-            "rdurack.services.node_agent_main",
+            "rdurack.processes.node_agent_main",
             "--node-index",
             "5",
             "--platform",

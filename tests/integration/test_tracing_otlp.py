@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import re
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -33,14 +32,14 @@ import pytest
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
+from rdurack.api.server import channel
+from rdurack.processes import local_rack
 from rdurack.rack.kernels import FusionPlan, Phase
 from rdurack.rack.models import builtin_models
 from rdurack.rack.presets import platform
-from rdurack.services import local_rack
-from rdurack.services.grpc_server import channel
-from rdurack.services.trace_files import Span, SpanLink, read_trace_dir, select_job, to_jaeger
-from rdurack.services.trace_files import validate_jaeger as validate
 from rdurack.telemetry import names
+from rdurack.traces.files import Span, SpanLink, read_trace_dir, select_job, to_jaeger
+from rdurack.traces.files import validate_jaeger as validate
 from rdurack.v1 import (
     common_pb2,
     job_pb2,
@@ -49,6 +48,7 @@ from rdurack.v1 import (
     node_agent_pb2_grpc,
 )
 from rdurack.workloads.predictor import Predictor
+from tests.support.ports import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -110,13 +110,6 @@ class Receiver(trace_service_pb2_grpc.TraceServiceServicer):
         return trace_service_pb2.ExportTraceServiceResponse()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 @pytest.fixture(scope="module")
 def receiver() -> Iterator[tuple[Receiver, str]]:
     servicer = Receiver()
@@ -172,7 +165,7 @@ def run(
     mp.delenv("OTEL_SDK_DISABLED", raising=False)
     mp.delenv("OTEL_SERVICE_NAME", raising=False)
     try:
-        rack = local_rack.up(state, nodes=1, sockets_per_node=SOCKETS, port=_free_port())
+        rack = local_rack.up(state, nodes=1, sockets_per_node=SOCKETS, port=free_port())
         try:
             ch = channel(rack.orchestrator)
             stub = job_pb2_grpc.JobServiceStub(ch)

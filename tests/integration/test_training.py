@@ -11,29 +11,27 @@ import grpc
 import numpy as np
 import pytest
 
+from rdurack.api.job_service import JOB_SERVICE, RACK_SERVICE, JobService, RackService
+from rdurack.api.node_gateway import GrpcNodeGateway
+from rdurack.api.server import Server, channel
+from rdurack.cli.rack import _job_dict
+from rdurack.client.training import run_training_loop
 from rdurack.node_agent.rank import TrainContext
 from rdurack.orchestrator.orchestrator import Orchestrator
 from rdurack.orchestrator.store import JobStore
 from rdurack.rack.models import builtin_models
 from rdurack.rack.presets import platform
 from rdurack.rack.spec import Tier
-from rdurack.services import training_convert
-from rdurack.services.cli_rack import _job_dict
-from rdurack.services.client import run_training_loop
-from rdurack.services.gateway import GrpcNodeGateway
-from rdurack.services.grpc_server import Server, channel
-from rdurack.services.job_service import JOB_SERVICE, RACK_SERVICE, JobService, RackService
 from rdurack.v1 import common_pb2, job_pb2, job_pb2_grpc
+from rdurack.wire import training as training_convert
 from rdurack.workloads.training.checkpoint import latest, load
 from rdurack.workloads.training.job import TrainingWorkload, numpy_plan, predict_scaling
 from rdurack.workloads.training.loop import train_threaded
 from rdurack.workloads.training.shrunken import largest_shrunken
-from tests.integration import test_control_plane as cp
-from tests.integration.conftest import ServedAgent, start_agents, stop_agents
-from tests.integration.test_control_plane import FAILED, SUCCEEDED, Control, submit, wait_terminal
+from tests.support.agents import ServedAgent, start_agents, stop_agents
+from tests.support.control import FAILED, SUCCEEDED, Control, submit, wait_terminal
 
 pytestmark = pytest.mark.integration
-control = cp.control  # the control plane's module fixture: an orchestrator on the rack
 
 
 @pytest.fixture(scope="module")

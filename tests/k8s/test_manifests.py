@@ -10,7 +10,7 @@ import kubernetes_validate
 import pytest
 
 from rdurack.rack.whatif import load_platform
-from tests.k8s.conftest import OVERLAYS, Obj, env_of, find, is_rdurack, workloads
+from tests.support.manifests import OVERLAYS, Obj, env_of, find, is_rdurack, workloads
 
 # The oldest minor the manifests need (gRPC probes GA 1.27, pod-index label 1.28) that
 # kubernetes-validate ships a strict schema for, and the newest it ships.

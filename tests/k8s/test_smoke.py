@@ -52,7 +52,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from rdurack.security import certs
 from rdurack.security.auth import digest
 from rdurack.security.tls import DEFAULT_RACK_IDENTITY
-from tests.k8s.conftest import Obj, env_of, find, is_rdurack, render
+from tests.support.manifests import Obj, env_of, find, is_rdurack, render
+from tests.support.ports import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -74,12 +75,6 @@ if [ "$1" = start ] && [[ " $* " != *" --head "* ]]; then
 fi
 exec {ray} "$@"
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Localizer:
@@ -184,8 +179,8 @@ def api_is_secured(local: Localizer) -> None:
     """The orchestrator's API as a client outside the cluster sees it: plaintext fails,
     TLS without a token is UNAUTHENTICATED, TLS with the token lists the rack; and it
     reached the node agent over mutual TLS (the rack shows its sockets)."""
+    from rdurack.api.server import channel
     from rdurack.security.tls import TlsConfig
-    from rdurack.services.grpc_server import channel
     from rdurack.v1 import rack_pb2, rack_pb2_grpc
 
     address = f"127.0.0.1:{local.ports[50051]}"

@@ -12,15 +12,15 @@ from pathlib import Path
 import grpc
 import pytest
 
+from rdurack.api.admin_service import SERVICE, AdminService
+from rdurack.api.server import Server, channel
+from rdurack.client.admin import AdminClient
 from rdurack.orchestrator.fault_injector import FaultInjector
 from rdurack.security.auth import Authenticator
-from rdurack.services.admin_client import AdminClient
-from rdurack.services.admin_service import SERVICE, AdminService
-from rdurack.services.grpc_server import Server, channel
 from rdurack.v1 import admin_pb2, admin_pb2_grpc
-from tests.unit.test_cli import rdu
-from tests.unit.test_orchestrator import RACK, FakeGateway
-from tests.unit.test_security import TOKENS, write_tokens
+from tests.support.cli import rdu
+from tests.support.fake_rack import RACK, FakeGateway
+from tests.support.tokens import TOKENS, write_tokens
 
 TOKEN = TOKENS["ops"]  # the admin tenant of test_security's tokens file
 

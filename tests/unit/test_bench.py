@@ -8,15 +8,15 @@ from typing import Any
 
 import pytest
 
-from rdurack.services import bench
-from rdurack.services.bench import (
+from rdurack.devtools import bench
+from rdurack.devtools.bench import (
     bench_paper_fidelity,
     bench_predictor_speed,
     bench_serving_engine,
     run,
 )
-from rdurack.services.bench_figure import BenchFigure
-from rdurack.services.bench_training import progressive_figures
+from rdurack.devtools.bench_figure import BenchFigure
+from rdurack.devtools.bench_training import progressive_figures
 from rdurack.workloads.training.job import TrainingWorkload
 from rdurack.workloads.training.profl import Comparison, Outcome
 from rdurack.workloads.training.shrunken import Shrunken

@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
+from rdurack.devtools.chaos import ChaosConfig, ChaosReport, job_specs, plan
 from rdurack.orchestrator.orchestrator import Orchestrator
 from rdurack.orchestrator.store import JobStore
 from rdurack.rack.faults import FaultKind
 from rdurack.rack.presets import platform
-from rdurack.services import job_convert
-from rdurack.services.chaos import ChaosConfig, ChaosReport, job_specs, plan
-from tests.unit.test_orchestrator import FakeGateway
+from rdurack.wire import jobs as job_convert
+from tests.support.fake_rack import FakeGateway
 
 
 def test_a_seed_gives_one_plan_inside_the_window() -> None:

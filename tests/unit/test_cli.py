@@ -2,41 +2,17 @@
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from rdurack.rack.errors import InvalidRequest
-from rdurack.services.cli_coe import read_trace
+from rdurack.cli.coe import read_trace
+from rdurack.errors import InvalidRequest
+from tests.support.cli import rdu, rdu_json
 
-CLI = [sys.executable, "-m", "rdurack.services.cli"]
-ENV = {
-    **os.environ,
-    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
-    "RAY_USAGE_STATS_ENABLED": "0",
-    "RAY_AUTH_MODE": "disabled",
-}
 COE_TIMES = ("total_s", "router_s", "switch_s", "switch_s_per_expert", "expert_s")
-
-
-def rdu(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*CLI, *args], capture_output=True, text=True, env=ENV, timeout=120, check=False
-    )
-
-
-def rdu_json(*args: str) -> Any:
-    """Run `rdu ARGS --json`; it must succeed quietly and print exactly one JSON value."""
-    r = rdu(*args, "--json")
-    assert r.returncode == 0, r.stderr
-    assert "Traceback" not in r.stderr
-    return json.loads(r.stdout)
 
 
 def _positive_float(value: Any) -> bool:

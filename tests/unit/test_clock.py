@@ -6,8 +6,8 @@ import math
 
 import pytest
 
+from rdurack.errors import InvalidRequest
 from rdurack.rack.clock import EmulatedClock, seconds_to_ns
-from rdurack.rack.errors import InvalidRequest
 
 
 @pytest.mark.parametrize(

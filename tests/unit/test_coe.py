@@ -8,18 +8,18 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from rdurack.errors import InvalidRequest, OutOfMemory
 from rdurack.node_agent.socket import Socket
 from rdurack.orchestrator.jobs import JobSpec
 from rdurack.rack.clock import EmulatedClock
-from rdurack.rack.errors import InvalidRequest, OutOfMemory
 from rdurack.rack.kernels import FusionPlan, Phase
 from rdurack.rack.memory import TieredMemory
 from rdurack.rack.models import builtin_models
 from rdurack.rack.presets import platform
 from rdurack.rack.spec import Tier
-from rdurack.services import job_convert
-from rdurack.services.program_convert import run_from_proto, run_to_proto
 from rdurack.v1 import job_pb2
+from rdurack.wire import jobs as job_convert
+from rdurack.wire.programs import run_from_proto, run_to_proto
 from rdurack.workloads.bundle import BundleShare, PredictedReplicas
 from rdurack.workloads.coe import CoeEngine, CoeOutOfMemory, CoeReport, ReplicaFailed
 from rdurack.workloads.coe_spec import CoeWorkload, PoissonLoad, TraceRequest, build_requests

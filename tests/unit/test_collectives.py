@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from rdurack.errors import InvalidRequest
 from rdurack.rack.collectives import (
     Algorithm,
     all_gather,
@@ -12,7 +13,6 @@ from rdurack.rack.collectives import (
     broadcast,
     transfer,
 )
-from rdurack.rack.errors import InvalidRequest
 from rdurack.rack.presets import platform
 from rdurack.rack.topology import SocketId, Topology
 

@@ -28,7 +28,7 @@ def test_figures_md_has_both_generated_tables() -> None:
 def test_generated_table_is_up_to_date(command: str) -> None:
     args = command.split()[1:]
     done = subprocess.run(
-        [sys.executable, "-m", "rdurack.services.cli", *args],
+        [sys.executable, "-m", "rdurack.cli.main", *args],
         capture_output=True,
         text=True,
         check=True,

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 
+from rdurack.errors import InvalidRequest, LinkFailure, UnknownName
 from rdurack.orchestrator.fault_injector import FaultInjector
-from rdurack.rack.errors import InvalidRequest, LinkFailure, UnknownName
 from rdurack.rack.faults import Fault, FaultConflict, FaultKind, make_fault
 from rdurack.rack.presets import platform
 from rdurack.rack.topology import Topology
-from tests.unit.test_orchestrator import RACK, FakeGateway
+from tests.support.fake_rack import RACK, FakeGateway
 
 TOPO = Topology(platform("sn40l-rack16"))
 

@@ -26,18 +26,18 @@ from grpc_health.v1 import health_pb2
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from rdurack.api.job_service import JOB_MAX_REQUEST_BYTES, serve_api
+from rdurack.api.server import Server
+from rdurack.cli import main as cli
 from rdurack.node_agent.link_server import MAX_MESSAGE_BYTES, LinkEndpoint
 from rdurack.orchestrator.orchestrator import Orchestrator
 from rdurack.orchestrator.store import JobStore
 from rdurack.security.auth import Authenticator
-from rdurack.services import cli
-from rdurack.services.grpc_server import Server
-from rdurack.services.job_service import JOB_MAX_REQUEST_BYTES, serve_api
 from rdurack.v1 import common_pb2, job_pb2, link_pb2, rack_pb2
-from tests.fuzz_messages import hostile
-from tests.grpc_calls import PROPER, call
-from tests.unit.test_orchestrator import RACK, FakeGateway
-from tests.unit.test_security import TOKENS, write_tokens
+from tests.support.fake_rack import RACK, FakeGateway
+from tests.support.fuzz_messages import hostile
+from tests.support.grpc_calls import PROPER, call
+from tests.support.tokens import TOKENS, write_tokens
 
 EXAMPLES = 40
 FUZZ = settings(

@@ -27,7 +27,7 @@ from rdurack.telemetry.propagation import inject
 from rdurack.workloads.predictor import Predictor
 from rdurack.workloads.training.checkpoint import load, state_bytes
 from rdurack.workloads.training.job import RankReport, TrainingWorkload
-from tests.unit.test_socket import together
+from tests.support.sockets import together
 
 RACK = platform("sn40l-rack16")
 JOB = "job-h"

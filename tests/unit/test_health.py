@@ -7,9 +7,9 @@ import time
 from dataclasses import dataclass, field
 from typing import cast
 
+from rdurack.errors import LinkFailure
 from rdurack.orchestrator.gateway import NodeBeat, NodeGateway, SocketBeat
 from rdurack.orchestrator.health import Change, HealthWatcher
-from rdurack.rack.errors import LinkFailure
 from rdurack.rack.presets import platform
 
 RACK = platform("sn40l-node").overridden({"nodes": 2, "node": {"sockets": 2}}, "test: 2 x 2")

@@ -7,6 +7,7 @@ import pickle
 import pytest
 from pydantic import ValidationError
 
+from rdurack.errors import InvalidRequest
 from rdurack.orchestrator.jobs import (
     TERMINAL,
     TRANSITIONS,
@@ -17,7 +18,6 @@ from rdurack.orchestrator.jobs import (
     KernelWorkload,
     parse_state,
 )
-from rdurack.rack.errors import InvalidRequest
 from rdurack.rack.kernels import FusionPlan, Phase
 
 SPEC = JobSpec(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rdurack.rack.errors import InvalidRequest
+from rdurack.errors import InvalidRequest
 from rdurack.rack.kernels import (
     ADAM_BYTES_PER_PARAM,
     OpKind,

@@ -12,6 +12,7 @@ import grpc  # type: ignore[import-untyped, unused-ignore]
 import numpy as np
 import pytest
 
+from rdurack.errors import InvalidRequest, LinkFailure
 from rdurack.node_agent.link_server import (
     CHUNK_BYTES,
     DELIVER_MAX_BYTES,
@@ -19,7 +20,6 @@ from rdurack.node_agent.link_server import (
     OutgoingTransfer,
 )
 from rdurack.node_agent.mailbox import Mailbox, Message
-from rdurack.rack.errors import InvalidRequest, LinkFailure
 from rdurack.v1 import link_pb2, link_pb2_grpc
 
 A, B, C = "rdu-n0-s0", "rdu-n0-s1", "rdu-n1-s0"

@@ -10,10 +10,10 @@ import grpc
 import numpy as np
 import pytest
 
+from rdurack.errors import LinkFailure
 from rdurack.node_agent.link_server import CHUNK_BYTES, LinkEndpoint
-from rdurack.rack.errors import LinkFailure
 from rdurack.v1 import link_pb2, link_pb2_grpc
-from tests.conftest import RackCerts
+from tests.support.certs import RackCerts
 
 A, B = "rdu-n0-s0", "rdu-n0-s1"
 

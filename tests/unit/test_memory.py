@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rdurack.rack.errors import InvalidRequest, OutOfMemory, UnknownName
+from rdurack.errors import InvalidRequest, OutOfMemory, UnknownName
 from rdurack.rack.memory import Allocation, MemorySnapshot, TieredMemory, TierUsage
 from rdurack.rack.presets import SN40L
 from rdurack.rack.spec import Tier

@@ -1,4 +1,4 @@
-"""Rack metrics (telemetry/metrics.py, services/rack_metrics.py): the gauges read a
+"""Rack metrics (telemetry/metrics.py, api/metrics.py): the gauges read a
 source passed in, one sample per collection, and a Prometheus endpoint serves them."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from typing import Any
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
+from rdurack.api import metrics as rack_metrics
 from rdurack.orchestrator.gateway import NodeView, SocketView, TierView
 from rdurack.orchestrator.jobs import Job, JobState
-from rdurack.services import rack_metrics
 from rdurack.telemetry import names
 from rdurack.telemetry.metrics import (
     ATTR_JOB_STATE,

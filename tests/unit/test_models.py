@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from rdurack.rack.errors import UnknownName
+from rdurack.errors import UnknownName
 from rdurack.rack.models import ModelSpec, builtin_models, model
 from rdurack.workloads.tiny_lm import TinyLM, TinyLMConfig, model_spec
 

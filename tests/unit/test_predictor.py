@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rdurack.rack.errors import InvalidRequest, OutOfMemory
+from rdurack.errors import InvalidRequest, OutOfMemory
 from rdurack.rack.kernels import FusionPlan, Phase
 from rdurack.rack.models import builtin_models, model
 from rdurack.rack.presets import builtin_platforms, platform

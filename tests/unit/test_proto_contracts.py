@@ -331,7 +331,7 @@ def test_transfer_chunks_are_either_header_or_data() -> None:
 
 
 def test_a_progressive_training_spec_round_trips_with_its_cap_and_freezing() -> None:
-    from rdurack.services import training_convert
+    from rdurack.wire import training as training_convert
     from rdurack.workloads.training.job import TrainingWorkload
 
     w = TrainingWorkload(
@@ -373,7 +373,7 @@ def _stage(phase: str, block: int | None, converged: bool) -> dict[str, object]:
 
 
 def test_a_ranks_report_round_trips_with_its_stages_and_tier_peaks() -> None:
-    from rdurack.services import training_convert
+    from rdurack.wire import training as training_convert
     from rdurack.workloads.training.job import RankReport
 
     report = RankReport(
@@ -419,7 +419,7 @@ def test_a_ranks_report_round_trips_with_its_stages_and_tier_peaks() -> None:
 
 def test_a_training_result_carries_stages_and_each_sockets_peaks() -> None:
     from rdurack.orchestrator.training_job import stage_fields
-    from rdurack.services import job_convert
+    from rdurack.wire import jobs as job_convert
 
     stages = [stage_fields([_stage("full", None, False), _stage("full", None, False)])]
     result = {

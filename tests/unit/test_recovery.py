@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from rdurack.errors import LinkFailure
 from rdurack.orchestrator.jobs import JobState
 from rdurack.orchestrator.orchestrator import Orchestrator
 from rdurack.orchestrator.store import JobStore
-from rdurack.rack.errors import LinkFailure
-from tests.unit.test_orchestrator import RACK, FakeGateway, coe, spec, wait_for
+from tests.support.fake_rack import RACK, FakeGateway, coe, spec, wait_for
 
 # Fast watcher for tests: the real defaults are 0.5 s and 2 s.
 HEARTBEAT_S = 0.05

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rdurack.rack.errors import InvalidRequest, OutOfMemory, UnknownName
+from rdurack.errors import InvalidRequest, OutOfMemory, UnknownName
 from rdurack.rack.residency import LoadResult, ResidencyManager
 
 BW = 10.0  # bytes/s: small numbers keep the expected load times readable

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rdurack.rack.errors import InvalidRequest, UnknownName
+from rdurack.errors import InvalidRequest, UnknownName
 from rdurack.workloads.router import (
     CATALOG_SIZE,
     FEATURES,

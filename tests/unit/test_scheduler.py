@@ -7,9 +7,9 @@ from collections.abc import Iterator
 
 import pytest
 
+from rdurack.errors import InvalidRequest
 from rdurack.orchestrator.jobs import Job, JobSpec
 from rdurack.orchestrator.scheduler import Placement, Scheduler
-from rdurack.rack.errors import InvalidRequest
 from rdurack.rack.topology import SocketId
 
 ALL = [str(SocketId(n, i)) for n in range(2) for i in range(8)]

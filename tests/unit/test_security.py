@@ -19,38 +19,24 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
+from rdurack.api.job_service import JOB_SERVICE, serve_api
+from rdurack.api.server import Server, channel, security_notice
+from rdurack.errors import InvalidRequest
 from rdurack.orchestrator.jobs import JobState
 from rdurack.orchestrator.orchestrator import OTHER_TENANT, Orchestrator
 from rdurack.orchestrator.store import JobStore
-from rdurack.rack.errors import InvalidRequest
-from rdurack.security.auth import OPEN, Authenticator, digest, load_tokens
+from rdurack.security.auth import OPEN, Authenticator, load_tokens
 from rdurack.security.tls import TlsConfig, tls_from
-from rdurack.services.grpc_server import Server, channel, security_notice
-from rdurack.services.job_service import JOB_SERVICE, serve_api
 from rdurack.v1 import common_pb2, job_pb2, job_pb2_grpc, rack_pb2, rack_pb2_grpc
-from tests.conftest import RackCerts
-from tests.grpc_calls import call, methods, request_class
-from tests.unit.test_orchestrator import RACK, FakeGateway
-
-TOKENS = {"alice": "alice-secret-token", "bob": "bob-secret-token", "ops": "ops-secret-token"}
+from tests.support.certs import RackCerts
+from tests.support.fake_rack import RACK, FakeGateway
+from tests.support.grpc_calls import call, methods, request_class
+from tests.support.tokens import TOKENS, write_tokens
 
 
 def _health(ch: grpc.Channel) -> Any:
     stub: Any = health_pb2_grpc.HealthStub(ch)  # its stubs lack Check
     return stub
-
-
-def write_tokens(path: Path) -> Path:
-    lines = [
-        "tenants:",
-        "  alice: {socket_quota: 8}",
-        "  bob: {socket_quota: 4}",
-        "  ops: {admin: true}",
-        "tokens:",
-        *(f"  - {{sha256: {digest(t)}, tenant: {n}}}" for n, t in TOKENS.items()),
-    ]
-    path.write_text("\n".join(lines) + "\n")
-    return path
 
 
 @dataclass
@@ -397,7 +383,7 @@ def test_bad_tls_files_are_named(tmp_path: Path, rack_certs: RackCerts) -> None:
 
 def test_the_cli_names_a_bad_ca_file_in_one_line(tmp_path: Path) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "rdurack.services.cli", "status", "--tls-ca", str(tmp_path / "x")],
+        [sys.executable, "-m", "rdurack.cli.main", "status", "--tls-ca", str(tmp_path / "x")],
         capture_output=True,
         text=True,
         timeout=60,
@@ -413,7 +399,7 @@ def test_rdu_up_takes_security_from_its_flags_not_the_shell(
 ) -> None:
     """A client's RDURACK_TLS_CA or tokens file in the shell does not reach the servers
     `rdu up` starts (a CA without a certificate would make them fail to start)."""
-    from rdurack.services import local_rack
+    from rdurack.processes import local_rack
 
     monkeypatch.setenv("RDURACK_TLS_CA", str(tmp_path / "ca.crt"))
     monkeypatch.setenv("RDURACK_TOKENS", str(tmp_path / "tokens.yaml"))

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 import pytest
 
+from rdurack.errors import InvalidRequest, LinkFailure, OutOfMemory, SocketBusy
 from rdurack.node_agent.mailbox import Message
 from rdurack.node_agent.socket import Run, Socket, _apply
 from rdurack.rack.collectives import (
@@ -19,13 +20,13 @@ from rdurack.rack.collectives import (
     broadcast_schedule,
     simulate,
 )
-from rdurack.rack.errors import InvalidRequest, LinkFailure, OutOfMemory, SocketBusy
 from rdurack.rack.kernels import FusionPlan, Phase
 from rdurack.rack.models import model
 from rdurack.rack.presets import platform
 from rdurack.rack.spec import Tier
 from rdurack.rack.topology import SocketId, Topology
 from rdurack.workloads.predictor import Predictor
+from tests.support.sockets import together
 
 RACK = platform("sn40l-rack16")
 IDS = ["rdu-n0-s0", "rdu-n0-s1", "rdu-n1-s0", "rdu-n1-s1"]  # rail-aligned across nodes
@@ -42,13 +43,6 @@ def sockets() -> Iterator[dict[str, Socket]]:
     yield made
     for s in made.values():
         s.close()
-
-
-def together(sockets: dict[str, Socket], call: Callable[[Socket], Run]) -> dict[str, Run]:
-    """Each socket runs its part at once, as its actor would."""
-    with ThreadPoolExecutor(len(sockets)) as pool:
-        futures = {sid: pool.submit(call, s) for sid, s in sockets.items()}
-        return {sid: f.result(timeout=30) for sid, f in futures.items()}
 
 
 def expected_ns(schedule: Any) -> int:

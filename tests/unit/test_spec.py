@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, ValidationError
 
-from rdurack.rack.errors import InvalidRequest
+from rdurack.errors import InvalidRequest
 from rdurack.rack.presets import builtin_platforms, platform
 from rdurack.rack.spec import LinkSpec, PlatformSpec, Sourced, TierSpec
 from rdurack.rack.whatif import load_platform

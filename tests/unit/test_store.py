@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from rdurack.errors import InvalidRequest, UnknownName
 from rdurack.orchestrator.jobs import IllegalTransition, Job, JobSpec, JobState, KernelWorkload
 from rdurack.orchestrator.store import SCHEMA_VERSION, JobStore, UnsupportedStoreVersion
-from rdurack.rack.errors import InvalidRequest, UnknownName
 from rdurack.rack.kernels import FusionPlan, Phase
 
 S = JobState

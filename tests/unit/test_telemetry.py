@@ -21,6 +21,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
+from rdurack.api.server import Server, channel
 from rdurack.node_agent.socket import Socket
 from rdurack.orchestrator.jobs import JobState
 from rdurack.orchestrator.orchestrator import Orchestrator
@@ -28,10 +29,9 @@ from rdurack.orchestrator.store import JobStore
 from rdurack.rack.kernels import FusionPlan, Phase
 from rdurack.rack.models import model
 from rdurack.rack.presets import platform
-from rdurack.services.grpc_server import Server, channel
 from rdurack.telemetry import names
 from rdurack.telemetry.propagation import extract, inject
-from tests.unit.test_orchestrator import FakeGateway, spec
+from tests.support.fake_rack import FakeGateway, spec
 
 RACK = platform("sn40l-rack16")
 JOB = "job-t"

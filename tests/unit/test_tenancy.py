@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
+from rdurack.errors import InvalidRequest, PermissionDenied, QuotaExceeded, UnknownName
 from rdurack.orchestrator.jobs import Job, JobSpec, JobState, KernelWorkload
 from rdurack.orchestrator.orchestrator import Orchestrator
 from rdurack.orchestrator.scheduler import Scheduler
 from rdurack.orchestrator.store import SCHEMA_VERSION, JobStore
-from rdurack.rack.errors import InvalidRequest, PermissionDenied, QuotaExceeded, UnknownName
 from rdurack.rack.kernels import Phase
-from tests.unit.test_orchestrator import RACK, FakeGateway
+from tests.support.fake_rack import RACK, FakeGateway
 
 # Version 1 of the store, as rdurack 0.1.0 wrote it (store.py before tenants).
 V1_SCHEMA = """

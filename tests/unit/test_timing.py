@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rdurack.rack.errors import InvalidRequest, OutOfMemory
+from rdurack.errors import InvalidRequest, OutOfMemory
 from rdurack.rack.kernels import Block, FusionPlan, Op, OpKind, Phase, step
 from rdurack.rack.models import model
 from rdurack.rack.presets import platform

@@ -1,5 +1,5 @@
 """Trace files (telemetry/file_export.py) and what `rdu trace` and `rdu plot` make of
-them (services/trace_files.py, trace_plots.py): the exporter's round trip, a job's
+them (traces/files.py, trace_plots.py): the exporter's round trip, a job's
 selection, Jaeger JSON and its validator, the Chrome trace, the PNGs, the errors.
 
 Spans are written by real TracerProviders (one per service, as each process has its
@@ -26,8 +26,10 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
-from rdurack.services import cli
-from rdurack.services.trace_files import (
+from rdurack.cli import main as cli
+from rdurack.telemetry import names, setup
+from rdurack.telemetry.file_export import JsonlSpanExporter, file_name
+from rdurack.traces.files import (
     CHILD_OF,
     Span,
     TraceError,
@@ -38,7 +40,7 @@ from rdurack.services.trace_files import (
     validate_jaeger,
     write_trace,
 )
-from rdurack.services.trace_plots import (
+from rdurack.traces.plots import (
     StagePoint,
     loss_points,
     memory_series,
@@ -51,8 +53,6 @@ from rdurack.services.trace_plots import (
     span_loss_points,
     stage_points,
 )
-from rdurack.telemetry import names, setup
-from rdurack.telemetry.file_export import JsonlSpanExporter, file_name
 from rdurack.workloads.paper import Figure
 
 WALL0 = 1_700_000_000_000_000_000  # ns: the wall time a job reserved its sockets

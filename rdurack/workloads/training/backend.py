@@ -27,7 +27,7 @@ from typing import Any, Literal, Protocol, TypeVar
 
 import numpy as np
 
-from rdurack.rack.errors import InvalidRequest, LinkFailure, RdurackError
+from rdurack.errors import InvalidRequest, LinkFailure, RdurackError
 from rdurack.workloads.training.arrays import Array
 
 ReduceOpName = Literal["sum", "mean"]

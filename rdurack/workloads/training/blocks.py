@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import DTypeLike
 
-from rdurack.rack.errors import InvalidRequest
+from rdurack.errors import InvalidRequest
 from rdurack.workloads.training.arrays import TRAIN_DTYPE, Array, Params
 from rdurack.workloads.training.models import (
     MLP,

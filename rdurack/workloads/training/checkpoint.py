@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from rdurack.rack.errors import InvalidRequest
+from rdurack.errors import InvalidRequest
 from rdurack.rack.topology import SocketId
 from rdurack.workloads.training.arrays import Params
 from rdurack.workloads.training.optim import StateDict

@@ -11,7 +11,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from rdurack.rack.errors import InvalidRequest
+from rdurack.errors import InvalidRequest
 from rdurack.workloads.training.arrays import TRAIN_DTYPE, Array
 
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rdurack.rack.errors import InvalidRequest
+from rdurack.errors import InvalidRequest
 from rdurack.workloads.training.arrays import Array, Params
 from rdurack.workloads.training.diagnostics import REPLICAS_DIFFER, Diagnostic
 from rdurack.workloads.training.distributed import Distributed, ReduceOp

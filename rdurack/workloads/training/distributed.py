@@ -13,7 +13,7 @@ from __future__ import annotations
 from datetime import timedelta
 from enum import StrEnum
 
-from rdurack.rack.errors import InvalidRequest, RdurackError
+from rdurack.errors import InvalidRequest, RdurackError
 from rdurack.workloads.training.arrays import Array
 from rdurack.workloads.training.backend import Backend, ReduceOpName
 

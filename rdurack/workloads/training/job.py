@@ -36,11 +36,12 @@ from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
+from rdurack.config import Config
+from rdurack.errors import OutOfMemory, UnknownName
 from rdurack.rack.collectives import Algorithm, all_reduce
-from rdurack.rack.errors import OutOfMemory, UnknownName
 from rdurack.rack.kernels import FusionPlan, Phase
 from rdurack.rack.models import ModelSpec
-from rdurack.rack.spec import Config, PlatformSpec, Tier
+from rdurack.rack.spec import PlatformSpec, Tier
 from rdurack.rack.topology import SocketId, Topology
 from rdurack.workloads.predictor import Predictor
 from rdurack.workloads.training.arrays import Params

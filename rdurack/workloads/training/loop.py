@@ -37,7 +37,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from rdurack.rack.errors import InvalidRequest
+from rdurack.errors import InvalidRequest
 from rdurack.rack.memory import TieredMemory
 from rdurack.rack.presets import platform as preset
 from rdurack.rack.spec import PlatformSpec, Tier

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from rdurack.rack.errors import OutOfMemory
+from rdurack.errors import OutOfMemory
 from rdurack.rack.memory import TieredMemory
 from rdurack.rack.spec import Tier
 

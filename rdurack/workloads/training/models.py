@@ -24,7 +24,7 @@ from typing import Any, Literal, Protocol
 import numpy as np
 from numpy.typing import DTypeLike
 
-from rdurack.rack.errors import InvalidRequest
+from rdurack.errors import InvalidRequest
 from rdurack.workloads.training.arrays import TRAIN_DTYPE, Array, Params, as_dtype
 
 LN_EPS = 1e-5  # torch.nn.LayerNorm's default

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from rdurack.rack.errors import InvalidRequest
+from rdurack.errors import InvalidRequest
 from rdurack.workloads.training.arrays import Array, Params
 
 DEFAULT_WINDOW_STEPS = 25

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from rdurack.rack.errors import InvalidRequest
+from rdurack.errors import InvalidRequest
 from rdurack.workloads.training.arrays import Array, Params
 
 # state_dict(): {"state": {param name: {buffer name: array}}, "param_groups": [hyper]}

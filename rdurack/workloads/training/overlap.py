@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from rdurack.rack.errors import InvalidRequest
+from rdurack.errors import InvalidRequest
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from rdurack.rack.errors import InvalidRequest
+from rdurack.errors import InvalidRequest
 from rdurack.workloads.training.arrays import Array
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rdurack.rack.errors import InvalidRequest
+from rdurack.errors import InvalidRequest
 from rdurack.rack.spec import PlatformSpec, Tier
 from rdurack.workloads.training.job import TrainingWorkload, hbm_limit, numpy_plan
 from rdurack.workloads.training.loop import data_shape

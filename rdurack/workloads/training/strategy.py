@@ -8,7 +8,7 @@ model the loop trains and what that stage holds, for the memory account (memory.
 
 from __future__ import annotations
 
-from rdurack.rack.errors import InvalidRequest
+from rdurack.errors import InvalidRequest
 from rdurack.rack.spec import Tier
 from rdurack.workloads.training.arrays import Params
 from rdurack.workloads.training.blocks import BlockSplit

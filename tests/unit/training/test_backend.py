@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from rdurack.rack.errors import InvalidRequest, LinkFailure
+from rdurack.errors import InvalidRequest, LinkFailure
 from rdurack.workloads.training.backend import (
     Backend,
     CollectiveMismatch,

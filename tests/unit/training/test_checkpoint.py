@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rdurack.rack.errors import InvalidRequest
+from rdurack.errors import InvalidRequest
 from rdurack.workloads.training.checkpoint import TrainingState, latest, load, save
 from rdurack.workloads.training.models import MLP
 from rdurack.workloads.training.optim import Adam

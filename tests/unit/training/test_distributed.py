@@ -8,7 +8,7 @@ from datetime import timedelta
 import numpy as np
 import pytest
 
-from rdurack.rack.errors import InvalidRequest, LinkFailure
+from rdurack.errors import InvalidRequest, LinkFailure
 from rdurack.workloads.training.backend import Backend, ThreadGroup
 from rdurack.workloads.training.distributed import Distributed, NotInitialized, ReduceOp
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from rdurack.errors import OutOfMemory
 from rdurack.orchestrator.jobs import JobSpec
-from rdurack.rack.errors import OutOfMemory
 from rdurack.rack.models import builtin_models, model
 from rdurack.rack.presets import platform
-from rdurack.services import job_convert
+from rdurack.wire import jobs as job_convert
 from rdurack.workloads.training.job import (
     TrainingWorkload,
     check_fits,

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from rdurack.rack.errors import InvalidRequest
+from rdurack.errors import InvalidRequest
 from rdurack.workloads.training.backend import Backend, ThreadGroup
 from rdurack.workloads.training.checkpoint import load
 from rdurack.workloads.training.data import digits, synthetic

@@ -5,39 +5,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rdurack.rack.errors import InvalidRequest
+from rdurack.errors import InvalidRequest
 from rdurack.workloads.training.models import (
     MLP,
-    Model,
     ModelName,
     TransformerClassifier,
     build_model,
     softmax_cross_entropy,
 )
-
-EPS = 1e-6  # central-difference step
-
-
-def _grad_check(model: Model, x: np.ndarray, y: np.ndarray, per_param: int = 12) -> None:
-    """Compare backward() with (L(p+h) - L(p-h)) / 2h on sampled entries of every
-    parameter."""
-    model.forward(x, y)
-    model.backward()
-    analytic = {name: g.copy() for name, g in model.grads.items()}
-    pick = np.random.default_rng(0)
-    for name, p in model.params.items():
-        flat = p.reshape(-1)  # a view: perturbs the parameter itself
-        for i in pick.choice(p.size, size=min(p.size, per_param), replace=False):
-            old = flat[i]
-            flat[i] = old + EPS
-            up = model.forward(x, y)
-            flat[i] = old - EPS
-            down = model.forward(x, y)
-            flat[i] = old
-            numeric = (up - down) / (2 * EPS)
-            assert analytic[name].reshape(-1)[i] == pytest.approx(numeric, rel=1e-5, abs=1e-8), (
-                f"{name}[{i}]"
-            )
+from tests.support.grad_check import grad_check
 
 
 def _batch(n: int = 6, features: int = 64, classes: int = 10) -> tuple[np.ndarray, np.ndarray]:
@@ -47,7 +23,7 @@ def _batch(n: int = 6, features: int = 64, classes: int = 10) -> tuple[np.ndarra
 
 def test_mlp_gradients_match_finite_differences() -> None:
     x, y = _batch()
-    _grad_check(MLP([64, 16, 12, 10], seed=3, dtype=np.float64), x, y)
+    grad_check(MLP([64, 16, 12, 10], seed=3, dtype=np.float64), x, y)
 
 
 def test_transformer_gradients_match_finite_differences() -> None:
@@ -58,7 +34,7 @@ def test_transformer_gradients_match_finite_differences() -> None:
     rng = np.random.default_rng(2)
     for p in model.params.values():
         p += rng.normal(0.0, 0.2, p.shape)
-    _grad_check(model, x, y)
+    grad_check(model, x, y)
 
 
 def test_cross_entropy_gradient_and_value() -> None:

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from rdurack.rack.errors import InvalidRequest
+from rdurack.errors import InvalidRequest
 from rdurack.workloads.training.optim import SGD, Adam
 
 GRADS = [[0.5, 0.1], [-0.2, 0.3], [0.1, -0.4]]

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from rdurack.rack.errors import InvalidRequest, OutOfMemory
+from rdurack.errors import InvalidRequest, OutOfMemory
 from rdurack.rack.memory import TieredMemory
 from rdurack.rack.presets import platform
 from rdurack.rack.spec import Tier
@@ -32,7 +32,7 @@ from rdurack.workloads.training.shrunken import (
     parameters,
     shrunken_candidates,
 )
-from tests.unit.training.test_models import _grad_check
+from tests.support.grad_check import grad_check
 
 RACK = platform("sn40l-rack16")
 SOCKET = RACK.socket
@@ -149,7 +149,7 @@ def test_a_stage_model_trains_its_block_and_output_module_only() -> None:
     assert set(stage.frozen) == {f"layers.{i}.{p}" for i in (0, 1) for p in ("weight", "bias")}
     x = np.random.default_rng(0).standard_normal((5, 64))
     y = np.array([0, 1, 2, 3, 4])
-    _grad_check(stage, x, y)
+    grad_check(stage, x, y)
     stage.forward(x, y)
     # Kept for backward: the block's input and output and d(loss)/d(logits), no more.
     assert stage.saved_bytes() == 5 * (16 + 16 + 10) * 8

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rdurack.rack.errors import InvalidRequest
+from rdurack.errors import InvalidRequest
 from rdurack.workloads.training.sampler import DistributedSampler
 
 

@@ -1,0 +1,301 @@
+"""The orchestrator's NodeGateway over gRPC: one NodeAgentService per rack node."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import grpc
+
+from rdurack.api.server import channel
+from rdurack.errors import InvalidRequest, LinkFailure, OutOfMemory, RdurackError
+from rdurack.orchestrator.gateway import (
+    KernelRun,
+    NodeBeat,
+    NodeView,
+    SocketBeat,
+    SocketView,
+    TierView,
+)
+from rdurack.orchestrator.jobs import KernelWorkload
+from rdurack.rack.faults import Fault, FaultConflict
+from rdurack.rack.spec import PlatformSpec
+from rdurack.rack.topology import Topology
+from rdurack.security.tls import TlsConfig
+from rdurack.v1 import fault_pb2, node_agent_pb2, node_agent_pb2_grpc, rack_pb2
+from rdurack.wire import programs as program_convert
+from rdurack.wire import rack as convert
+from rdurack.wire import training as training_convert
+from rdurack.wire.faults import fault_from_proto, fault_to_proto
+from rdurack.workloads.program import Op, ProgramRun
+from rdurack.workloads.training.job import RankReport, TrainingWorkload
+
+TIER_NAMES = {v: k.value for k, v in convert.TIERS.items()}
+# Agent refusals the orchestrator retries later (busy, unreachable); others fail the job.
+RETRYABLE = {
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.DEADLINE_EXCEEDED,
+    grpc.StatusCode.FAILED_PRECONDITION,
+    grpc.StatusCode.ABORTED,
+}
+# While a job runs, FAILED_PRECONDITION is the job's own failure (a straggler past the
+# timeout), not a busy socket: retrying would fail the same way.
+WORK_RETRYABLE = RETRYABLE - {grpc.StatusCode.FAILED_PRECONDITION}
+# Fault calls: FAILED_PRECONDITION is a conflict with a fault in force, said as such.
+FAULT_RETRYABLE = RETRYABLE - {grpc.StatusCode.FAILED_PRECONDITION}
+BEATS = {
+    rack_pb2.SOCKET_HEALTH_HEALTHY: "healthy",
+    rack_pb2.SOCKET_HEALTH_FAILED: "dead",
+}
+# A restarted agent is noticed as soon as the channel reconnects: gRPC's default backoff
+# between attempts grows to 120 s, so an agent down for a minute would be found back only
+# minutes later. Capped at 1 s (loopback or in-cluster: a connection attempt is cheap).
+RECONNECT_OPTIONS = [
+    ("grpc.initial_reconnect_backoff_ms", 250),
+    ("grpc.min_reconnect_backoff_ms", 250),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+]
+# Wall seconds an abort or a fault call may take (the agent does them on the actors'
+# control threads: milliseconds, but a restarted socket actor takes a second or two).
+CONTROL_TIMEOUT_S = 30.0
+
+
+class GrpcNodeGateway:
+    """`agents[i]` is the address of node i's agent. With `tls`, every channel is mutual
+    TLS as a rack member (the agents accept nothing else). `platform`: the rack's, to
+    validate the faults agents report (needed by `clear_faults` and `faults`)."""
+
+    def __init__(
+        self,
+        agents: Sequence[str],
+        timeout_s: float = 120.0,
+        probe_s: float = 5.0,
+        tls: TlsConfig | None = None,
+        platform: PlatformSpec | None = None,
+    ):
+        if not agents:
+            raise InvalidRequest("at least one node agent address is needed")
+        self.addresses = list(agents)
+        self.timeout_s = timeout_s
+        self.probe_s = probe_s
+        self._topology = Topology(platform) if platform is not None else None
+        self._channels = [
+            channel(a, tls=tls, rack=True, options=RECONNECT_OPTIONS) for a in self.addresses
+        ]
+        self._stubs = [node_agent_pb2_grpc.NodeAgentServiceStub(c) for c in self._channels]
+
+    def close(self) -> None:
+        for c in self._channels:
+            c.close()
+
+    def _call(
+        self,
+        node: int,
+        what: str,
+        method: str,
+        request: object,
+        timeout_s: float,
+        retryable: frozenset[grpc.StatusCode] | set[grpc.StatusCode] = RETRYABLE,
+    ) -> object:
+        if not 0 <= node < len(self._stubs):
+            raise InvalidRequest(f"no agent for node {node}")
+        try:
+            return getattr(self._stubs[node], method)(request, timeout=timeout_s)
+        except grpc.RpcError as e:
+            code = e.code() if hasattr(e, "code") else grpc.StatusCode.UNKNOWN
+            details = e.details() if hasattr(e, "details") else str(e)
+            message = f"node {node} ({self.addresses[node]}): {what}: {details}"
+            oom = OutOfMemory.from_message(details or "")
+            if code == grpc.StatusCode.RESOURCE_EXHAUSTED and oom is not None:
+                raise oom from None  # the socket's own error: tier, asked and free
+            if code in retryable:
+                raise LinkFailure(message) from None
+            if retryable is FAULT_RETRYABLE and code == grpc.StatusCode.FAILED_PRECONDITION:
+                raise FaultConflict(message) from None
+            if retryable is FAULT_RETRYABLE and code == grpc.StatusCode.INVALID_ARGUMENT:
+                raise InvalidRequest(message) from None
+            raise RdurackError(message) from None
+
+    def nodes(self) -> list[NodeView]:
+        views = []
+        for i in range(len(self._stubs)):
+            try:
+                reply = self._call(
+                    i, "status", "GetNode", node_agent_pb2.GetNodeRequest(), self.probe_s
+                )
+            except RdurackError as e:
+                views.append(NodeView(i, self.addresses[i], False, (), str(e)))
+                continue
+            assert isinstance(reply, node_agent_pb2.GetNodeResponse)
+            views.append(_node_view(reply.node, self.addresses[i]))
+        return views
+
+    def reserve(self, node: int, job_id: str, sockets: Sequence[str]) -> None:
+        request = node_agent_pb2.ReserveSocketsRequest(job_id=job_id, socket_ids=list(sockets))
+        self._call(node, f"reserve for {job_id}", "ReserveSockets", request, self.timeout_s)
+
+    def release(self, node: int, job_id: str, sockets: Sequence[str]) -> None:
+        request = node_agent_pb2.ReleaseSocketsRequest(job_id=job_id, socket_ids=list(sockets))
+        self._call(node, f"release for {job_id}", "ReleaseSockets", request, self.timeout_s)
+
+    def run_kernel(
+        self,
+        node: int,
+        job_id: str,
+        sockets: Sequence[str],
+        workload: KernelWorkload,
+        steps: int,
+        start_ns: int,
+    ) -> list[KernelRun]:
+        request = node_agent_pb2.RunKernelRequest(
+            job_id=job_id,
+            socket_ids=list(sockets),
+            model=workload.model,
+            phase=convert.PHASE_TO_PROTO[workload.phase],
+            fusion_plan=convert.PLAN_TO_PROTO[workload.fusion_plan],
+            sequence_length=workload.sequence_length,
+            batch_size=workload.batch_size,
+            output_tokens=steps,
+            emulated_start_ns=start_ns,
+            group_size=workload.num_sockets,
+        )
+        reply = self._call(node, f"kernel of {job_id}", "RunKernel", request, self.timeout_s)
+        assert isinstance(reply, node_agent_pb2.RunKernelResponse)
+        return [
+            KernelRun(
+                t.socket_id,
+                t.emulated_start_ns,
+                t.emulated_end_ns,
+                t.kernel_calls,
+                t.hbm_traffic_bytes,
+                t.flops,
+            )
+            for t in reply.sockets
+        ]
+
+    def run_program(
+        self, node: int, job_id: str, sockets: Sequence[str], ops: Sequence[Op], start_ns: int
+    ) -> list[ProgramRun]:
+        request = node_agent_pb2.RunProgramRequest(
+            job_id=job_id,
+            socket_ids=list(sockets),
+            ops=[program_convert.op_to_proto(op) for op in ops],
+            emulated_start_ns=start_ns,
+        )
+        reply = self._call(
+            node, f"program of {job_id}", "RunProgram", request, self.timeout_s, WORK_RETRYABLE
+        )
+        assert isinstance(reply, node_agent_pb2.RunProgramResponse)
+        return [program_convert.run_from_proto(t, ops) for t in reply.sockets]
+
+    def train(
+        self,
+        node: int,
+        job_id: str,
+        sockets: Sequence[str],
+        workload: TrainingWorkload,
+        group: Sequence[tuple[str, str]],
+        *,
+        platform_name: str = "",
+        steps: int = 0,
+        start_ns: int = 0,
+        checkpoint_dir: str = "",
+    ) -> list[RankReport]:
+        request = node_agent_pb2.RunTrainingRequest(
+            job_id=job_id,
+            socket_ids=list(sockets),
+            group=node_agent_pb2.CollectiveGroup(
+                members=[
+                    node_agent_pb2.GroupMember(
+                        socket=convert.socket_ref(sid), rank=rank, link_address=address
+                    )
+                    for rank, (sid, address) in enumerate(group)
+                ]
+            ),
+            training=training_convert.workload_to_proto(workload),
+            platform=platform_name,
+            steps=steps,
+            emulated_start_ns=start_ns,
+            checkpoint_dir=checkpoint_dir,
+        )
+        reply = self._call(
+            node, f"training of {job_id}", "RunTraining", request, self.timeout_s, WORK_RETRYABLE
+        )
+        assert isinstance(reply, node_agent_pb2.RunTrainingResponse)
+        return [training_convert.report_from_proto(r) for r in reply.ranks]
+
+    # ------------------------------------------------------------------ faults
+
+    def heartbeat(self, node: int, timeout_s: float) -> NodeBeat:
+        reply = self._call(
+            node, "heartbeat", "Heartbeat", node_agent_pb2.HeartbeatRequest(), timeout_s
+        )
+        assert isinstance(reply, node_agent_pb2.HeartbeatResponse)
+        return NodeBeat(
+            reply.node_index,
+            reply.incarnation,
+            tuple(
+                SocketBeat(
+                    b.socket_id,
+                    BEATS.get(b.health, "unresponsive"),  # type: ignore[arg-type]
+                    job_id=b.current_job_id,
+                    incarnation=b.incarnation,
+                    clock_ns=b.emulated_clock_ns,
+                    slowdown=b.slowdown,
+                    error=b.error,
+                )
+                for b in reply.sockets
+            ),
+        )
+
+    def abort(self, node: int, job_id: str, sockets: Sequence[str], reason: str) -> None:
+        request = node_agent_pb2.AbortJobRequest(
+            job_id=job_id, socket_ids=list(sockets), reason=reason
+        )
+        self._call(node, f"abort {job_id}", "AbortJob", request, CONTROL_TIMEOUT_S)
+
+    def inject_fault(self, node: int, fault: Fault) -> None:
+        request = node_agent_pb2.InjectFaultRequest(fault=fault_to_proto(fault))
+        self._call(
+            node, f"fault {fault.id}", "InjectFault", request, CONTROL_TIMEOUT_S, FAULT_RETRYABLE
+        )
+
+    def clear_faults(self, node: int, fault_id: str) -> tuple[list[Fault], list[str]]:
+        request = node_agent_pb2.ClearFaultsRequest(fault_id=fault_id)
+        reply = self._call(node, "heal", "ClearFaults", request, CONTROL_TIMEOUT_S, FAULT_RETRYABLE)
+        assert isinstance(reply, node_agent_pb2.ClearFaultsResponse)
+        return [self._fault(f) for f in reply.cleared], list(reply.restarted_socket_ids)
+
+    def faults(self, node: int) -> list[Fault]:
+        request = node_agent_pb2.ListNodeFaultsRequest()
+        reply = self._call(node, "faults", "ListFaults", request, self.probe_s)
+        assert isinstance(reply, node_agent_pb2.ListNodeFaultsResponse)
+        return [self._fault(f) for f in reply.faults]
+
+    def _fault(self, p: fault_pb2.Fault) -> Fault:
+        if self._topology is None:
+            raise InvalidRequest("GrpcNodeGateway: faults need the platform (platform=...)")
+        return fault_from_proto(p, self._topology)
+
+
+def _node_view(node: rack_pb2.NodeStatus, address: str) -> NodeView:
+    sockets = tuple(
+        SocketView(
+            socket_id=s.ref.id,
+            node=s.ref.node_index,
+            healthy=s.health == rack_pb2.SOCKET_HEALTH_HEALTHY,
+            job_id=s.current_job_id,
+            clock_ns=s.emulated_clock_ns,
+            link_address=s.link_address,
+            slowdown=s.slowdown or 1.0,
+            incarnation=s.incarnation,
+            reason=s.health_reason,
+            dead=s.health == rack_pb2.SOCKET_HEALTH_FAILED,
+            tiers={
+                TIER_NAMES[t.tier]: TierView(t.used_bytes, t.peak_bytes, t.capacity_bytes)
+                for t in s.tiers
+                if t.tier in TIER_NAMES
+            },
+        )
+        for s in node.sockets
+    )
+    return NodeView(node.index, address, node.healthy, sockets)

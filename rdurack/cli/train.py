@@ -1,0 +1,114 @@
+"""`rdu submit train`: DDP training on the rack."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from rdurack.cli.app import JsonOpt
+from rdurack.cli.rack import (
+    DEFAULT_ADDRESS,
+    WATCH_TIMEOUT_S,
+    AddressOpt,
+    TimeoutOpt,
+    TlsCaOpt,
+    TlsNameOpt,
+    TokenFileOpt,
+    TokenOpt,
+    submit_and_follow,
+    submit_app,
+    talks_to_orchestrator,
+    target,
+)
+from rdurack.v1 import common_pb2, job_pb2
+from rdurack.workloads.training.job import NUMPY_MODELS
+
+
+@submit_app.command("train")
+@talks_to_orchestrator
+def submit_train_cmd(
+    world_size: Annotated[int, typer.Option(min=1, max=16, help="ranks, one socket each")] = 4,
+    model: Annotated[
+        str, typer.Option(help="mlp or transformer (numpy, real data), or a preset (timed)")
+    ] = "mlp",
+    dataset: Annotated[str, typer.Option(help="digits or synthetic")] = "digits",
+    epochs: Annotated[int | None, typer.Option(min=1)] = None,
+    steps: Annotated[int | None, typer.Option(min=1)] = None,
+    global_batch: Annotated[int, typer.Option(min=1, help="samples per step, all ranks")] = 64,
+    optimizer: Annotated[str, typer.Option(help="sgd or adam")] = "sgd",
+    lr: Annotated[float, typer.Option(min=0.0)] = 0.1,
+    seed: Annotated[int, typer.Option(min=0)] = 0,
+    checkpoint_every: Annotated[int, typer.Option(min=0, help="steps; 0: none")] = 0,
+    timeout_s: Annotated[
+        float | None, typer.Option(help="how late a rank may be at a collective, emulated s")
+    ] = None,
+    no_broadcast: Annotated[
+        bool, typer.Option("--no-broadcast", help="the article's mistake: no broadcast")
+    ] = False,
+    no_sampler: Annotated[
+        bool, typer.Option("--no-sampler", help="the article's mistake: no DistributedSampler")
+    ] = False,
+    hidden: Annotated[int, typer.Option(min=1, help="the numpy model's hidden width")] = 64,
+    blocks: Annotated[
+        int, typer.Option(min=1, help="the mlp's hidden layers (progressive: its blocks)")
+    ] = 1,
+    strategy: Annotated[
+        str, typer.Option(help="full, or progressive (ProFL: block by block, mlp only)")
+    ] = "full",
+    hbm_cap_bytes: Annotated[
+        int, typer.Option(min=0, help="the job's HBM per socket, bytes; 0: the socket's")
+    ] = 0,
+    freeze_window: Annotated[
+        int | None, typer.Option(min=2, help="progressive: steps per movement window (25)")
+    ] = None,
+    freeze_threshold: Annotated[
+        float | None,
+        typer.Option(min=0.0, max=1.0, help="progressive: freeze below this movement (0.45)"),
+    ] = None,
+    platform: Annotated[str, typer.Option(help="the rack's own, or dgx-a100 / dgx-h100")] = "",
+    name: Annotated[str, typer.Option(help="a label for the job")] = "",
+    wait: Annotated[bool, typer.Option("--wait", help="follow the job until it ends")] = False,
+    timeout: TimeoutOpt = WATCH_TIMEOUT_S,
+    address: AddressOpt = DEFAULT_ADDRESS,
+    token: TokenOpt = "",
+    token_file: TokenFileOpt = None,
+    tls_ca: TlsCaOpt = None,
+    tls_server_name: TlsNameOpt = "",
+    as_json: JsonOpt = False,
+) -> None:
+    """Data-parallel training, torch DDP semantics: one rank per socket, gradients
+    all-reduced over the links; with --wait a progress bar, then a summary."""
+    training = job_pb2.TrainingJob(
+        model=model,
+        world_size=world_size,
+        dataset=dataset,
+        epochs=epochs or 0,
+        steps=steps or 0,
+        global_batch=global_batch,
+        optimizer=optimizer,
+        learning_rate=lr,
+        seed=seed,
+        checkpoint_every=checkpoint_every,
+        timeout_s=timeout_s or 0.0,
+        sampler="none" if no_sampler else "distributed",
+        strategy=strategy,
+        hidden=hidden,
+        blocks=blocks,
+        hbm_cap_bytes=hbm_cap_bytes,
+        freeze_window=freeze_window or 0,
+        freeze_threshold=freeze_threshold or 0.0,
+    )
+    if no_broadcast:
+        training.broadcast_parameters = False
+    functional = model in NUMPY_MODELS
+    spec = job_pb2.JobSpec(
+        name=name,
+        platform=platform,
+        training=training,
+        payload_mode=common_pb2.PAYLOAD_MODE_FUNCTIONAL
+        if functional
+        else common_pb2.PAYLOAD_MODE_TIMING,
+    )
+    to = target(address, token, token_file, tls_ca, tls_server_name)
+    submit_and_follow(spec, to, wait=wait, timeout_s=timeout, as_json=as_json)

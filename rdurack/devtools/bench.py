@@ -1,0 +1,159 @@
+"""`make bench`: every benchmark figure, printed as a table and written to JSON.
+
+Each benchmark returns figures `{"name", "value", "unit", "target", "better"}`. A figure
+that misses its target is reported, and the run still succeeds; the run fails only
+when a benchmark cannot run at all. Later work adds its benchmarks to BENCHMARKS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from rdurack.devtools.bench_control import bench_control
+from rdurack.devtools.bench_figure import BenchFigure
+from rdurack.devtools.bench_rack import bench_rack
+from rdurack.devtools.bench_training import bench_progressive
+from rdurack.rack.models import builtin_models
+from rdurack.rack.presets import builtin_platforms
+from rdurack.workloads.bundle import PredictedReplicas
+from rdurack.workloads.coe import CoeEngine
+from rdurack.workloads.coe_spec import CoeWorkload, PoissonLoad, build_requests
+from rdurack.workloads.paper import PaperStudy
+from rdurack.workloads.predictor import CoeSetting, Predictor, predict_coe
+from rdurack.workloads.router import Router
+
+Benchmark = Callable[[], list[BenchFigure]]
+
+
+def bench_predictor_speed(seconds: float = 3.0) -> list[BenchFigure]:
+    """CoE requests the predictor completes per wall second: batches of 8 with prompt
+    lengths and output lengths drawn at random (seeded), on the three CoE platforms,
+    one Predictor per platform as a serving study would hold them."""
+    rng = random.Random(7)
+    models = builtin_models()
+    predictors = [Predictor(builtin_platforms()[n]) for n in ("sn40l-node", "dgx-a100", "dgx-h100")]
+    requests = 0
+    start = time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        setting = CoeSetting(
+            experts=100,
+            batch=8,
+            output_tokens=rng.choice((20, 50, 200)),
+            prompt_tokens=rng.choice((128, 256, 512, 1024, 2048)),
+        )
+        for p in predictors:
+            result = predict_coe(p, setting, models)
+            requests += len(result.request_s)
+    elapsed = time.perf_counter() - start
+    return [
+        BenchFigure(
+            "predictor CoE requests per wall second",
+            requests / elapsed,
+            "requests/s",
+            100_000,
+            "higher",
+        )
+    ]
+
+
+def bench_serving_engine(requests: int = 20_000) -> list[BenchFigure]:
+    """CoE requests per wall second of the serving engine (batching, cache-aware routing,
+    LRU switching) run on the predictor instead of the cluster: a Poisson load on both
+    nodes of the rack, 150 experts."""
+    rack = builtin_platforms()["sn40l-rack16"]
+    models = builtin_models()
+    w = CoeWorkload(
+        num_sockets=16, poisson=PoissonLoad(requests=requests, rate_per_s=400.0, seed=1)
+    )
+    router = Router.for_catalog(w.num_experts)
+    load = build_requests(w, router)
+    engine = CoeEngine(w, rack, models, router.names, PredictedReplicas(rack, models), (0, 1))
+    start = time.perf_counter()
+    report = engine.run(load)
+    elapsed = time.perf_counter() - start
+    return [
+        BenchFigure(
+            "serving engine on the predictor, CoE requests per wall second",
+            report.requests / elapsed,
+            "requests/s",
+            None,
+            "higher",
+        )
+    ]
+
+
+def bench_paper_fidelity() -> list[BenchFigure]:
+    """How many published figures the one parameter set reproduces, and the largest
+    error among value figures."""
+    figures = PaperStudy().figures()
+    errors = [abs(f.error) for f in figures if f.error is not None]
+    return [
+        BenchFigure(
+            "paper figures reproduced",
+            sum(f.ok for f in figures),
+            "figures",
+            float(len(figures)),
+            "higher",
+        ),
+        BenchFigure("paper value figures, largest |error|", 100 * max(errors), "%", 15.0, "lower"),
+    ]
+
+
+BENCHMARKS: list[tuple[str, Benchmark]] = [
+    ("predictor speed", bench_predictor_speed),
+    ("CoE serving engine on the predictor", bench_serving_engine),
+    ("paper fidelity", bench_paper_fidelity),
+    ("rack: 2 node agents x 8 socket actors", bench_rack),
+    ("control plane: rdu up, SubmitJob from 50 clients, scheduling", bench_control),
+    ("progressive training (ProFL), default configuration", bench_progressive),
+]
+
+
+def run(out: Path) -> int:
+    console = Console()
+    figures: list[BenchFigure] = []
+    failed: list[str] = []
+    for label, bench in BENCHMARKS:
+        console.print(f"[bold]bench:[/] {label} ...")
+        try:
+            figures += bench()
+        except Exception:  # a benchmark that cannot run fails the run, after the others
+            failed.append(label)
+            console.print(f"[red]bench {label} could not run:[/]\n{traceback.format_exc()}")
+    table = Table(title="rdurack benchmarks")
+    for col in ("figure", "value", "unit", "target", "value/target", ""):
+        table.add_column(col)
+    for f in figures:
+        ratio = "" if not f.target else f"{f.value / f.target:.2f}"
+        verdict = {None: "", True: "[green]met[/]", False: "[red]missed[/]"}[f.met]
+        target = "—" if f.target is None else f"{'≤' if f.better == 'lower' else '≥'} {f.target:g}"
+        table.add_row(f.name, f"{f.value:,.4g}", f.unit, target, ratio, verdict)
+    console.print(table)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps([asdict(f) for f in figures], indent=2) + "\n")
+    console.print(f"wrote {out}")
+    if failed:
+        console.print(f"[red]benchmarks that could not run: {', '.join(failed)}[/]")
+        return 1
+    return 0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--out", type=Path, default=Path("build/bench.json"))
+    sys.exit(run(parser.parse_args().out))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,117 @@
+"""A node agent as a process: `python -m rdurack.processes.node_agent_main --node-index 0`.
+
+Settings come from flags, else the environment (for Kubernetes pods):
+
+    --node-index   RDURACK_NODE_INDEX   which rack node this agent runs (0-based)
+    --platform     RDURACK_PLATFORM     platform preset (default sn40l-rack16)
+    --spec         RDURACK_SPEC         what-if YAML applied to the platform
+    --ray-address  RAY_ADDRESS          Ray cluster to join (empty: start a local one)
+    --host         RDURACK_HOST         address to serve on (default 127.0.0.1)
+    --port         RDURACK_AGENT_PORT   NodeAgentService port (0: a free port)
+    --time-scale   RDURACK_TIME_SCALE   wall seconds per emulated second (0: no pacing)
+    --tls-ca, --tls-cert, --tls-key     mutual TLS among rack members, for NodeAgentService
+                   RDURACK_TLS_CA, _CERT, _KEY  and every socket's links (default: plaintext)
+    --tls-rack-identity RDURACK_TLS_RACK_IDENTITY  the rack members' certificate name
+    --health-port  RDURACK_HEALTH_PORT  plaintext grpc.health.v1 only, for Kubernetes
+                                        probes (default: off)
+
+It prints one line `node-agent <index> ready at <host:port>` once every socket serves.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import ray
+
+from rdurack.api.node_agent_service import SERVICE, NodeAgentService
+from rdurack.api.server import Server
+from rdurack.errors import RdurackError
+from rdurack.node_agent.actors import start_ray
+from rdurack.node_agent.agent import NodeAgent
+from rdurack.processes.stop_signal import StopSignal
+from rdurack.rack.whatif import load_platform
+from rdurack.security.tls import add_tls_arguments, tls_from_args
+from rdurack.telemetry import setup
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    env = os.environ.get
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--node-index", type=int, default=int(env("RDURACK_NODE_INDEX", "0")))
+    p.add_argument("--platform", default=env("RDURACK_PLATFORM", "sn40l-rack16"))
+    p.add_argument("--spec", type=Path, default=Path(s) if (s := env("RDURACK_SPEC")) else None)
+    p.add_argument("--ray-address", default=env("RAY_ADDRESS", ""))
+    p.add_argument("--host", default=env("RDURACK_HOST", "127.0.0.1"))
+    p.add_argument("--port", type=int, default=int(env("RDURACK_AGENT_PORT", "0")))
+    p.add_argument("--time-scale", type=float, default=float(env("RDURACK_TIME_SCALE", "0")))
+    p.add_argument(
+        "--health-port", type=int, default=int(h) if (h := env("RDURACK_HEALTH_PORT")) else None
+    )
+    add_tls_arguments(p)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
+    try:
+        args = parse(argv)
+        platform = load_platform(args.platform, args.spec)
+        tls = tls_from_args(args)
+        if tls is not None:
+            tls.key_pair()  # mutual TLS needs its own certificate: refuse now, not later
+        agent = NodeAgent(
+            args.node_index, platform, time_scale=args.time_scale, host=args.host, tls=tls
+        )
+    except (RdurackError, ValueError) as e:
+        print(f"node-agent: {e}", file=sys.stderr)
+        return 2
+    setup.configure(f"rdurack-node-agent-{args.node_index}")
+    start_ray(args.ray_address or None)
+    agent.start()
+    service = NodeAgentService(agent, on_kill=_exit(args.node_index))
+    server = Server(
+        [(SERVICE, service.add_to)],
+        host=args.host,
+        port=args.port,
+        tls=tls,
+        rack_peers=tls is not None,
+        health_port=args.health_port,
+    )
+    service.address = server.address
+    if server.health_address is not None:
+        print(f"node-agent {args.node_index} health (plaintext) at {server.health_address}")
+    print(f"node-agent {args.node_index} ready at {server.address}", flush=True)
+
+    StopSignal().install().wait()
+    server.stop()
+    agent.stop()
+    ray.shutdown()
+    setup.shutdown()
+    return 0
+
+
+# The exit code of an agent ended by a KILL_AGENT fault (EX_SOFTWARE, sysexits.h).
+KILLED_EXIT_CODE = 70
+
+
+def _exit(node_index: int) -> Callable[[], None]:
+    """A KILL_AGENT fault: end the process at once, as a crash would (no clean-up, no
+    span export). Ray then ends the socket actors this process owned."""
+
+    def kill() -> None:
+        print(f"node-agent {node_index} killed by fault injection", file=sys.stderr, flush=True)
+        os._exit(KILLED_EXIT_CODE)
+
+    return kill
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Trace files read back: one job's spans, Jaeger and Perfetto exports, plots."""

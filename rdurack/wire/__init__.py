@@ -1,0 +1,1 @@
+"""proto <-> domain conversion, both directions, one module per message family."""

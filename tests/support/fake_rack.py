@@ -1,0 +1,217 @@
+"""A rack in memory for the orchestrator's tests: the fake gateway, job specs, and
+waits on a running orchestrator (with deadlines, never a bare sleep)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+
+from rdurack.errors import LinkFailure, SocketBusy
+from rdurack.orchestrator.gateway import KernelRun, NodeBeat, NodeView, SocketBeat, SocketView
+from rdurack.orchestrator.jobs import JobSpec, JobState, KernelWorkload
+from rdurack.orchestrator.orchestrator import Orchestrator
+from rdurack.rack.faults import Fault
+from rdurack.rack.kernels import Phase
+from rdurack.rack.models import builtin_models
+from rdurack.rack.presets import platform
+from rdurack.rack.spec import PlatformSpec
+from rdurack.rack.topology import Topology
+from rdurack.workloads.bundle import PredictedReplicas
+from rdurack.workloads.coe_spec import CoeWorkload
+from rdurack.workloads.program import Deploy, Op, ProgramRun
+from rdurack.workloads.training.job import RankReport
+
+RACK = platform("sn40l-rack16")
+MODELS = builtin_models()
+STEP_NS = 1_000
+STEP_FLOPS = 2_000_000  # a fake kernel step's FLOPs per socket
+
+
+class FakeGateway:
+    """Two healthy nodes; a kernel step takes STEP_NS; runs can be held or made to fail.
+    Sockets can die (`dead`) and agents go silent (`silent`); a held run on an aborted
+    job fails at once, as a real one does."""
+
+    def __init__(self) -> None:
+        self.held: dict[str, str] = {}  # socket -> job
+        self.clock = dict.fromkeys((str(s) for s in Topology(RACK).sockets), 0)
+        self.gate = threading.Event()
+        self.gate.set()
+        self.fail: Callable[[str], Exception | None] = lambda job: None
+        self.lock = threading.Lock()
+        self.max_running = 0
+        self.programs: dict[tuple[str, tuple[str, ...]], PredictedReplicas] = {}
+        self.dead: set[str] = set()  # sockets whose actor died
+        self.silent: set[int] = set()  # nodes whose agent does not answer
+        self.incarnation = {n: f"agent-{n}" for n in range(RACK.nodes)}
+        self.aborted: dict[str, str] = {}  # job -> reason, until the job releases
+        self.abort_log: list[tuple[str, str]] = []  # (job, reason) of every abort
+        self.in_force: dict[int, dict[str, Fault]] = {n: {} for n in range(RACK.nodes)}
+        # A call on a dead socket fails at once (as Ray's does); False: it waits, as a
+        # survivor waiting for the dead one's messages does, until aborted.
+        self.dead_fails_at_once = True
+        self.fail_node: int | None = None  # this node's part of every run fails at once
+
+    def nodes(self) -> list[NodeView]:
+        with self.lock:
+            return [
+                NodeView(n, f"fake:{n}", False, (), "unreachable")
+                if n in self.silent
+                else NodeView(
+                    n,
+                    f"fake:{n}",
+                    not any(s.startswith(f"rdu-n{n}-") for s in self.dead),
+                    tuple(
+                        SocketView(s, n, s not in self.dead, self.held.get(s, ""), self.clock[s])
+                        for s in self.clock
+                        if s.startswith(f"rdu-n{n}-")
+                    ),
+                )
+                for n in range(RACK.nodes)
+            ]
+
+    def heartbeat(self, node: int, timeout_s: float) -> NodeBeat:
+        with self.lock:
+            if node in self.silent:
+                raise LinkFailure(f"node {node} (fake:{node}): heartbeat: connection refused")
+            return NodeBeat(
+                node,
+                self.incarnation[node],
+                tuple(
+                    SocketBeat(s, "dead", error="killed")
+                    if s in self.dead
+                    else SocketBeat(s, "healthy", self.held.get(s, ""), clock_ns=self.clock[s])
+                    for s in self.clock
+                    if s.startswith(f"rdu-n{node}-")
+                ),
+            )
+
+    def abort(self, node: int, job_id: str, sockets: Sequence[str], reason: str) -> None:
+        with self.lock:
+            self.aborted[job_id] = reason
+            self.abort_log.append((job_id, reason))
+
+    def inject_fault(self, node: int, fault: Fault) -> None:
+        with self.lock:
+            self.in_force[node][fault.id] = fault
+
+    def clear_faults(self, node: int, fault_id: str) -> tuple[list[Fault], list[str]]:
+        with self.lock:
+            faults = self.in_force[node]
+            ids = [fault_id] if fault_id in faults else [] if fault_id else list(faults)
+            return [faults.pop(i) for i in ids], []
+
+    def faults(self, node: int) -> list[Fault]:
+        with self.lock:
+            if node in self.silent:
+                raise LinkFailure(f"node {node}: unreachable")
+            return list(self.in_force[node].values())
+
+    def reserve(self, node: int, job_id: str, sockets: Sequence[str]) -> None:
+        with self.lock:
+            for s in sockets:
+                if self.held.get(s, job_id) != job_id:
+                    raise SocketBusy(s, self.held[s], job_id)
+            self.held.update(dict.fromkeys(sockets, job_id))
+
+    def release(self, node: int, job_id: str, sockets: Sequence[str]) -> None:
+        with self.lock:
+            self.aborted.pop(job_id, None)  # as a socket's mailbox: over with the run
+            for s in sockets:
+                if self.held.get(s) == job_id:
+                    del self.held[s]
+
+    def run_kernel(
+        self,
+        node: int,
+        job_id: str,
+        sockets: Sequence[str],
+        workload: KernelWorkload,
+        steps: int,
+        start_ns: int,
+    ) -> list[KernelRun]:
+        with self.lock:
+            self.max_running = max(self.max_running, len(set(self.held.values())))
+        if node == self.fail_node:
+            raise LinkFailure(f"node {node}: link down")
+        self._wait_gate(node, job_id, sockets)
+        error = self.fail(job_id)
+        if error is not None:
+            raise error
+        end = start_ns + steps * STEP_NS
+        with self.lock:
+            for s in sockets:
+                self.clock[s] = end
+        return [
+            KernelRun(s, start_ns, end, 3 * steps, 1_000 * steps, STEP_FLOPS * steps)
+            for s in sockets
+        ]
+
+    def _wait_gate(self, node: int, job_id: str, sockets: Sequence[str]) -> None:
+        """Hold a run while the gate is closed; fail it once aborted, or at once on a
+        dead socket (`dead_fails_at_once`) or a silent node."""
+        deadline = time.monotonic() + 10
+        while True:
+            with self.lock:
+                if job_id in self.aborted:
+                    raise LinkFailure(f"aborted: {self.aborted[job_id]}")
+                dead = self.dead_fails_at_once and set(sockets) & self.dead
+                if dead or node in self.silent:
+                    raise LinkFailure(f"node {node}: a socket actor of {job_id} is dead")
+            if self.gate.wait(timeout=0.01):
+                return
+            assert time.monotonic() < deadline, "the gate stayed closed"
+
+    def run_program(
+        self, node: int, job_id: str, sockets: Sequence[str], ops: Sequence[Op], start_ns: int
+    ) -> list[ProgramRun]:
+        """Every socket of a TP group does the same: one predicted socket speaks for it.
+        A program on a dead socket or a silent node fails, as on the rack."""
+        self._wait_gate(node, job_id, sockets)
+        replicas = self.programs.setdefault(
+            (job_id, tuple(sockets)), PredictedReplicas(self.platform_of(ops), MODELS, len(sockets))
+        )
+        run = replicas.run(0, ops, start_ns)
+        with self.lock:
+            for s in sockets:
+                self.clock[s] = run.end_ns
+        return [replace(run, socket_id=s) for s in sockets]
+
+    def train(self, *args: object, **kwargs: object) -> list[RankReport]:
+        raise NotImplementedError("training runs on real sockets: tests/integration")
+
+    def platform_of(self, ops: Sequence[Op]) -> PlatformSpec:
+        deploy = next((op for op in ops if isinstance(op, Deploy)), None)
+        return platform(deploy.platform) if deploy else RACK
+
+
+def spec(sockets: int = 8, steps: int = 20, model: str = "llama2-7b", **kw: object) -> JobSpec:
+    workload = KernelWorkload(
+        model=model, phase=Phase.DECODE, num_sockets=sockets, output_tokens=steps
+    )
+    return JobSpec.model_validate({"workload": workload, **kw})
+
+
+def wait_for(orch: Orchestrator, job_id: str, timeout_s: float = 10) -> JobState:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        state = orch.get(job_id).state
+        if state.terminal:
+            return state
+        time.sleep(0.01)
+    raise AssertionError(f"{job_id} still {orch.get(job_id).state}")
+
+
+def wait_active(orch: Orchestrator, count: int, timeout_s: float = 10) -> None:
+    """Until `count` jobs hold sockets (SCHEDULED or RUNNING): a loaded machine may take
+    a while to run the scheduling thread."""
+    deadline = time.monotonic() + timeout_s
+    while len(orch.jobs([JobState.SCHEDULED, JobState.RUNNING])) < count:
+        assert time.monotonic() < deadline, f"fewer than {count} jobs placed"
+        time.sleep(0.01)
+
+
+def coe(platform_name: str = "sn40l-rack16", **fields: object) -> JobSpec:
+    return JobSpec(platform=platform_name, workload=CoeWorkload.model_validate(fields))
