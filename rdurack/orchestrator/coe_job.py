@@ -18,7 +18,8 @@ from rdurack.rack.kernels import FusionPlan
 from rdurack.rack.models import ModelSpec
 from rdurack.rack.spec import PlatformSpec
 from rdurack.rack.topology import SocketId
-from rdurack.workloads.coe import ReplicaFailed, check_functional
+from rdurack.workloads.coe import check_functional
+from rdurack.workloads.coe_report import ReplicaFailed
 from rdurack.workloads.coe_spec import CoeWorkload, build_requests
 from rdurack.workloads.program import Op, ProgramRun, combine
 from rdurack.workloads.router import Router

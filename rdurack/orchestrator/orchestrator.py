@@ -69,7 +69,8 @@ from rdurack.rack.models import builtin_models
 from rdurack.rack.spec import PlatformSpec
 from rdurack.rack.topology import SocketId, Topology
 from rdurack.telemetry import names
-from rdurack.workloads.coe import CoeEngine, CoeOutOfMemory
+from rdurack.workloads.coe import CoeEngine
+from rdurack.workloads.coe_report import CoeOutOfMemory
 from rdurack.workloads.coe_spec import CoeWorkload, build_requests
 from rdurack.workloads.predictor import Predictor
 from rdurack.workloads.router import Router

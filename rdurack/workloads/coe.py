@@ -29,30 +29,20 @@ from __future__ import annotations
 
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
-from typing import Any, Protocol
+from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
-from rdurack.errors import InvalidRequest, LinkFailure, OutOfMemory
+from rdurack.errors import InvalidRequest, OutOfMemory
 from rdurack.rack.kernels import FusionPlan, Phase
 from rdurack.rack.models import ModelSpec
 from rdurack.rack.spec import PlatformSpec
 from rdurack.workloads.bundle import kv_tokens_bytes
+from rdurack.workloads.coe_report import CoeOutOfMemory, CoeReport, ReplicaFailed, RequestResult
 from rdurack.workloads.coe_spec import CoeRequest, CoeWorkload
 from rdurack.workloads.predictor import Predictor, switch_time_s
 from rdurack.workloads.program import Deploy, Generate, Kernel, Op, OpRun, ProgramRun, Switch
-
-
-class ReplicaFailed(LinkFailure):
-    """A replica cannot serve any more (a socket of its TP group or its agent died)."""
-
-    def __init__(self, replica: int, reason: str) -> None:
-        self.replica, self.reason = replica, reason
-        super().__init__(f"replica {replica} failed: {reason}")
-
-    def __reduce__(self) -> tuple[type, tuple[int, str]]:
-        return (type(self), (self.replica, self.reason))
 
 
 class NodeExecutor(Protocol):
@@ -61,51 +51,6 @@ class NodeExecutor(Protocol):
         later); the ProgramRun speaks for the group (each op ends when its last socket
         does)."""
         ...
-
-
-@dataclass(frozen=True)
-class RequestResult:
-    index: int
-    expert: str
-    replica: int
-    arrival_s: float
-    ttft_s: float  # arrival to the end of its prefill (the first token)
-    tpot_s: float  # decode time per further token
-    e2e_s: float  # arrival to its last token
-    switch_s: float  # its group's DDR -> HBM switch (0 on a hit)
-    hit: bool  # its expert was in HBM when its group started
-    output_tokens: int
-    tokens: list[int] = field(default_factory=list)  # functional mode: the generated tokens
-    rerouted: bool = False  # served here after its first replica failed
-
-
-@dataclass
-class CoeReport:
-    platform: str
-    decode_plan: str
-    requests: int = 0
-    emulated_s: float = 0.0
-    tokens: int = 0
-    tokens_per_s: float = 0.0
-    router_s: float = 0.0
-    switch_s: float = 0.0  # all switching, summed over replicas
-    switches: int = 0
-    hbm_hit_rate: float = 0.0  # requests whose expert was in HBM / requests
-    p50_latency_s: float = 0.0
-    p99_latency_s: float = 0.0
-    p50_ttft_s: float = 0.0
-    p99_ttft_s: float = 0.0
-    mean_tpot_s: float = 0.0
-    switches_per_expert: dict[str, int] = field(default_factory=dict)
-    oom: bool = False
-    oom_reason: str = ""
-    diagnostics: list[str] = field(default_factory=list)
-    per_request: list[RequestResult] = field(default_factory=list)
-    rerouted_requests: int = 0  # served by another replica after theirs failed
-    failed_replicas: list[int] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 @dataclass
@@ -493,14 +438,6 @@ class CoeEngine:
                 f"or a smaller reserved_hbm_bytes."
             )
         return out
-
-
-class CoeOutOfMemory(Exception):
-    """The bundle does not fit the platform; carries the report (oom set)."""
-
-    def __init__(self, report: CoeReport) -> None:
-        super().__init__(report.oom_reason)
-        self.report = report
 
 
 def expert_seed(job_seed: int, expert: int) -> int:

@@ -21,7 +21,8 @@ from rdurack.v1 import job_pb2
 from rdurack.wire import jobs as job_convert
 from rdurack.wire.programs import run_from_proto, run_to_proto
 from rdurack.workloads.bundle import BundleShare, PredictedReplicas
-from rdurack.workloads.coe import CoeEngine, CoeOutOfMemory, CoeReport, ReplicaFailed
+from rdurack.workloads.coe import CoeEngine
+from rdurack.workloads.coe_report import CoeOutOfMemory, CoeReport, ReplicaFailed
 from rdurack.workloads.coe_spec import CoeWorkload, PoissonLoad, TraceRequest, build_requests
 from rdurack.workloads.predictor import CoeSetting, Predictor, predict_coe, switch_time_s
 from rdurack.workloads.program import Deploy, Generate, Kernel, Op, ProgramRun, Switch, combine

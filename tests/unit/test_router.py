@@ -13,14 +13,12 @@ import numpy as np
 import pytest
 
 from rdurack.errors import InvalidRequest, UnknownName
+from rdurack.workloads.catalog import CATALOG_SIZE, expert_description, expert_names
 from rdurack.workloads.router import (
-    CATALOG_SIZE,
     FEATURES,
     Router,
     RoutingPolicy,
     detokenize,
-    expert_description,
-    expert_names,
     features,
     hash_route,
     route_requests,
