@@ -47,9 +47,8 @@ def build_app() -> typer.Typer:
             "spec": predict.spec_cmd,
         },
     )
-    submit = _group("Submit a job to the rack's orchestrator.")
-    _add(
-        submit,
+    submit = _group(
+        "Submit a job to the rack's orchestrator.",
         {
             "kernel": talks_to_orchestrator(jobs.submit_kernel_cmd),
             "coe": talks_to_orchestrator(coe.submit_coe_cmd),
@@ -57,10 +56,7 @@ def build_app() -> typer.Typer:
         },
     )
     faults = _group(
-        "Inject faults into the rack and heal them (an admin token where tokens are on)."
-    )
-    _add(
-        faults,
+        "Inject faults into the rack and heal them (an admin token where tokens are on).",
         {
             "kill-socket": talks_to_orchestrator(fault.kill_socket_cmd),
             "kill-agent": talks_to_orchestrator(fault.kill_agent_cmd),
@@ -72,9 +68,8 @@ def build_app() -> typer.Typer:
             "list": talks_to_orchestrator(fault.list_cmd),
         },
     )
-    predictions = _group("Predict with the timing model, in one process.")
-    _add(
-        predictions,
+    predictions = _group(
+        "Predict with the timing model, in one process.",
         {
             "fusion": predict.predict_fusion_cmd,
             "decode": predict.predict_decode_cmd,
@@ -83,8 +78,7 @@ def build_app() -> typer.Typer:
             "footprint": predict.predict_footprint_cmd,
         },
     )
-    bench = _group("Reproduce published figures.")
-    _add(bench, {"paper": predict.bench_paper_cmd})
+    bench = _group("Reproduce published figures.", {"paper": predict.bench_paper_cmd})
     for name, group in (
         ("submit", submit),
         ("fault", faults),
@@ -95,8 +89,10 @@ def build_app() -> typer.Typer:
     return app
 
 
-def _group(help_text: str) -> typer.Typer:
-    return typer.Typer(help=help_text, no_args_is_help=True)
+def _group(help_text: str, commands: Commands) -> typer.Typer:
+    group = typer.Typer(help=help_text, no_args_is_help=True)
+    _add(group, commands)
+    return group
 
 
 def _add(group: typer.Typer, commands: Commands) -> None:

@@ -87,7 +87,8 @@ def connection(
 
 
 def talks_to_orchestrator(command: Callable[..., None]) -> Callable[..., None]:
-    """`command` as typer should see it: the module docstring."""
+    """`command` with its `to: Target` parameter shown to typer as the options of
+    `connection`, in its place; its gRPC failures one line (the module docstring)."""
     signature = inspect.signature(command, eval_str=True)
     options = list(inspect.signature(connection, eval_str=True).parameters.values())
     (target,) = [p for p in signature.parameters.values() if p.annotation is Target]
