@@ -1,1 +1,2 @@
-"""`rdu`: the command line, its commands and their views of jobs and the rack."""
+"""`rdu`: the command line. One module per group of commands, their shared options, the
+views of jobs and the rack, progress bars; `main.build_app` puts the commands together."""

@@ -1,4 +1,5 @@
-"""`rdu submit coe`: Composition-of-Experts inference on the rack."""
+"""`rdu submit coe`: Composition-of-Experts inference on the rack, and the JSONL request
+traces it reads (`--trace`)."""
 
 from __future__ import annotations
 
@@ -9,24 +10,12 @@ from typing import Annotated
 import typer
 from pydantic import ValidationError
 
-from rdurack.cli.app import JsonOpt
-from rdurack.cli.rack import (
-    DEFAULT_ADDRESS,
-    WATCH_TIMEOUT_S,
-    AddressOpt,
-    TimeoutOpt,
-    TlsCaOpt,
-    TlsNameOpt,
-    TokenFileOpt,
-    TokenOpt,
-    submit_and_follow,
-    submit_app,
-    talks_to_orchestrator,
-    target,
-)
+from rdurack.cli.jobs import payload_mode, submit_and_follow
+from rdurack.cli.options import WATCH_TIMEOUT_S, JsonOpt, NameOpt, TimeoutOpt, WaitOpt
+from rdurack.client.connection import Target
 from rdurack.errors import InvalidRequest
 from rdurack.rack.kernels import FusionPlan
-from rdurack.v1 import common_pb2, job_pb2
+from rdurack.v1 import job_pb2
 from rdurack.wire.rack import PLAN_TO_PROTO
 from rdurack.workloads.coe_spec import MAX_REQUESTS, TraceRequest
 
@@ -67,8 +56,6 @@ def read_trace(path: Path) -> list[job_pb2.CoeTraceRequest]:
     return out
 
 
-@submit_app.command("coe")
-@talks_to_orchestrator
 def submit_coe_cmd(
     experts: Annotated[int, typer.Option(min=1, help="experts in the bundle")] = 150,
     batch_size: Annotated[int, typer.Option(min=1, help="requests per router pass")] = 8,
@@ -99,14 +86,11 @@ def submit_coe_cmd(
         bool, typer.Option("--functional", help="tiny experts really generate tokens")
     ] = False,
     seed: Annotated[int, typer.Option(min=0)] = 0,
-    name: Annotated[str, typer.Option(help="a label for the job")] = "",
-    wait: Annotated[bool, typer.Option("--wait", help="follow the job until it ends")] = False,
+    name: NameOpt = "",
+    wait: WaitOpt = False,
     timeout: TimeoutOpt = WATCH_TIMEOUT_S,
-    address: AddressOpt = DEFAULT_ADDRESS,
-    token: TokenOpt = "",
-    token_file: TokenFileOpt = None,
-    tls_ca: TlsCaOpt = None,
-    tls_server_name: TlsNameOpt = "",
+    *,
+    to: Target,
     as_json: JsonOpt = False,
 ) -> None:
     """Composition-of-Experts inference: route prompts to experts, switch them DDR->HBM,
@@ -132,12 +116,6 @@ def submit_coe_cmd(
             job_pb2.PoissonLoad(requests=requests, rate_per_s=poisson_rate, skew=skew, seed=seed)
         )
     spec = job_pb2.JobSpec(
-        name=name,
-        platform=platform,
-        coe_inference=coe,
-        payload_mode=common_pb2.PAYLOAD_MODE_FUNCTIONAL
-        if functional
-        else common_pb2.PAYLOAD_MODE_TIMING,
+        name=name, platform=platform, coe_inference=coe, payload_mode=payload_mode(functional)
     )
-    to = target(address, token, token_file, tls_ca, tls_server_name)
     submit_and_follow(spec, to, wait=wait, timeout_s=timeout, as_json=as_json)

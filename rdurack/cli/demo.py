@@ -18,27 +18,17 @@ from __future__ import annotations
 import signal
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from rdurack.cli.app import app
-from rdurack.cli.rack import (
-    RPC_TIMEOUT_S,
-    WATCH_TIMEOUT_S,
-    StateDirOpt,
-    Target,
-    TimeoutOpt,
-    _follow_all,
-    _get,
-    _job_dict,
-    _seconds,
-    _stubs,
-    _styled_state,
-    talks_to_orchestrator,
-)
+from rdurack.cli.follow import follow_all
+from rdurack.cli.options import WATCH_TIMEOUT_S, PortOpt, StateDirOpt, TimeoutOpt
+from rdurack.cli.views import format_seconds, job_dict, styled_state
+from rdurack.client.connection import Target, one_line_errors
+from rdurack.client.jobs import JobClient
 from rdurack.v1 import common_pb2, job_pb2
 from rdurack.workloads.paper import TABLE_V_EXPERTS, Figure, PaperStudy
 
@@ -151,8 +141,8 @@ def _fusion_table(rows: list[tuple[DemoJob, dict[str, Any]]]) -> Table:
         e = d["emulated_s"]
         table.add_row(
             j.label,
-            _styled_state(d["state"]),
-            _seconds(e),
+            styled_state(d["state"]),
+            format_seconds(e),
             "-" if d["kernel_calls"] is None else f"{d['kernel_calls']:,}",
             "-" if d["tokens_per_s"] is None else f"{d['tokens_per_s']:.0f}",
             _x(base / e if base and e else None),
@@ -184,9 +174,9 @@ def _coe_table(rows: list[tuple[DemoJob, dict[str, Any]]], figures: dict[str, Fi
             published = f"{_fx(overall.published)}, {_fx(switching.published)}"
         table.add_row(
             j.label,
-            _styled_state(d["state"]),
-            _seconds(d["emulated_s"]),
-            _seconds(d["switch_s"]),
+            styled_state(d["state"]),
+            format_seconds(d["emulated_s"]),
+            format_seconds(d["switch_s"]),
             faster,
             predicted,
             published,
@@ -206,10 +196,10 @@ def _coe150_table(rows: list[tuple[DemoJob, dict[str, Any]]]) -> Table:
         if d.get("oom"):
             outcome = f"out of memory: {d.get('oom_reason') or d.get('error')}"
         elif d["state"] == "SUCCEEDED":
-            outcome = f"serves them from DDR: {_seconds(d['emulated_s'])} emulated"
+            outcome = f"serves them from DDR: {format_seconds(d['emulated_s'])} emulated"
         else:
             outcome = d.get("error") or "-"
-        table.add_row(j.label, _styled_state(d["state"]), outcome)
+        table.add_row(j.label, styled_state(d["state"]), outcome)
     table.caption = "PAPER Sec. VI-C: at 150 experts the DGX runs out of memory."
     return table
 
@@ -223,20 +213,18 @@ def _ddp_table(rows: list[tuple[DemoJob, dict[str, Any]]]) -> Table:
         sps = d.get("samples_per_s")
         table.add_row(
             j.label,
-            _styled_state(d["state"]),
+            styled_state(d["state"]),
             "-" if d.get("steps_completed") is None else str(d["steps_completed"]),
             "-" if acc is None else f"{acc:.1%}",
-            _seconds(d.get("step_time_s")),
+            format_seconds(d.get("step_time_s")),
             "-" if sps is None else f"{sps:,.0f}",
         )
     return table
 
 
-@app.command("demo")
-@talks_to_orchestrator
 def demo_cmd(
     state_dir: StateDirOpt = Path(".state"),
-    port: Annotated[int, typer.Option(min=0, max=65535, help="orchestrator port")] = 50051,
+    port: PortOpt = 50051,
     timeout: TimeoutOpt = WATCH_TIMEOUT_S,
 ) -> None:
     """rdu up; fusion, CoE against DGX, and DDP jobs; their tables; rdu down (always)."""
@@ -253,16 +241,16 @@ def demo_cmd(
     )
     bad: list[str] = []
     try:
-        ch, stub = _stubs(Target(rack.orchestrator))
-        with ch:
-            jobs = demo_jobs()
+        jobs = demo_jobs()
+        with one_line_errors(rack.orchestrator), Target(rack.orchestrator).channel() as ch:
+            client = JobClient(ch)
             ids = []
             for j in jobs:
-                reply = stub.SubmitJob(job_pb2.SubmitJobRequest(spec=j.spec), timeout=RPC_TIMEOUT_S)
-                ids.append(reply.job.id)
-                console.print(f"  submitted {reply.job.id}: {j.spec.name}")
-            _follow_all(stub, ids, timeout, console)
-            done = [_job_dict(_get(stub, i)) for i in ids]
+                submitted = client.submit(j.spec).job
+                ids.append(submitted.id)
+                console.print(f"  submitted {submitted.id}: {j.spec.name}")
+            follow_all(client, ids, timeout, console)
+            done = [job_dict(client.get(i)) for i in ids]
         rows = list(zip(jobs, done, strict=True))
         figures = {f.key: f for f in PaperStudy().figures()}
 

@@ -12,32 +12,19 @@ from typing import Annotated
 
 import typer
 
-from rdurack.cli.app import JsonOpt, app
-from rdurack.cli.rack import (
-    DEFAULT_ADDRESS,
-    AddressOpt,
-    StateDirOpt,
-    Target,
-    TlsCaOpt,
-    TlsNameOpt,
-    TokenFileOpt,
-    TokenOpt,
-    talks_to_orchestrator,
-    target,
-)
+from rdurack.cli.options import JsonOpt, StateDirOpt
 from rdurack.client.admin import AdminClient, fault_dict, kind_name, wait_healthy
+from rdurack.client.connection import Target
 from rdurack.errors import InvalidRequest
 from rdurack.processes import local_rack
 from rdurack.v1 import fault_pb2
 
-fault_app = typer.Typer(
-    help="Inject faults into the rack and heal them (an admin token where tokens are on).",
-    no_args_is_help=True,
-)
-app.add_typer(fault_app, name="fault")
-
 # Wall seconds `heal` waits for restarted agents to show healthy in GetRack.
 AGENT_BACK_S = 60.0
+
+SocketArg = Annotated[str, typer.Argument(help="e.g. rdu-n0-s3")]
+OneEndArg = Annotated[str, typer.Argument(help="one end, e.g. rdu-n0-s1")]
+OtherEndArg = Annotated[str, typer.Argument(help="the other end, e.g. rdu-n1-s1")]
 
 
 def _run(to: Target, as_json: bool, inject: Callable[[AdminClient], fault_pb2.Fault]) -> None:
@@ -58,146 +45,86 @@ def _socket(value: str) -> str:
     return value.strip()
 
 
-@fault_app.command("kill-socket")
-@talks_to_orchestrator
 def kill_socket_cmd(
-    socket: Annotated[str, typer.Argument(help="e.g. rdu-n0-s3")],
-    address: AddressOpt = DEFAULT_ADDRESS,
-    token: TokenOpt = "",
-    token_file: TokenFileOpt = None,
-    tls_ca: TlsCaOpt = None,
-    tls_server_name: TlsNameOpt = "",
+    socket: SocketArg,
+    *,
+    to: Target,
     as_json: JsonOpt = False,
 ) -> None:
     """Kill a socket actor: its jobs fail fast and are retried elsewhere; it stays dead
     until healed."""
-    _run(
-        target(address, token, token_file, tls_ca, tls_server_name),
-        as_json,
-        lambda a: a.kill_socket(_socket(socket)),
-    )
+    _run(to, as_json, lambda a: a.kill_socket(_socket(socket)))
 
 
-@fault_app.command("kill-agent")
-@talks_to_orchestrator
 def kill_agent_cmd(
     node: Annotated[int, typer.Argument(min=0, help="node index")],
-    address: AddressOpt = DEFAULT_ADDRESS,
-    token: TokenOpt = "",
-    token_file: TokenFileOpt = None,
-    tls_ca: TlsCaOpt = None,
-    tls_server_name: TlsNameOpt = "",
+    *,
+    to: Target,
     as_json: JsonOpt = False,
 ) -> None:
     """Kill a node agent process and its socket actors (rdu fault heal restarts it on a
     local rack)."""
-    _run(
-        target(address, token, token_file, tls_ca, tls_server_name),
-        as_json,
-        lambda a: a.kill_agent(node),
-    )
+    _run(to, as_json, lambda a: a.kill_agent(node))
 
 
-@fault_app.command("slow")
-@talks_to_orchestrator
 def slow_cmd(
-    socket: Annotated[str, typer.Argument(help="e.g. rdu-n0-s3")],
+    socket: SocketArg,
     factor: Annotated[float, typer.Argument(min=1.0, help="kernels take this many x longer")],
-    address: AddressOpt = DEFAULT_ADDRESS,
-    token: TokenOpt = "",
-    token_file: TokenFileOpt = None,
-    tls_ca: TlsCaOpt = None,
-    tls_server_name: TlsNameOpt = "",
+    *,
+    to: Target,
     as_json: JsonOpt = False,
 ) -> None:
     """Slow a socket: its kernels take FACTOR times longer (emulated time)."""
-    _run(
-        target(address, token, token_file, tls_ca, tls_server_name),
-        as_json,
-        lambda a: a.slow(_socket(socket), factor),
-    )
+    _run(to, as_json, lambda a: a.slow(_socket(socket), factor))
 
 
-@fault_app.command("drop-link")
-@talks_to_orchestrator
 def drop_link_cmd(
-    socket_a: Annotated[str, typer.Argument(help="one end, e.g. rdu-n0-s1")],
-    socket_b: Annotated[str, typer.Argument(help="the other end, e.g. rdu-n1-s1")],
-    address: AddressOpt = DEFAULT_ADDRESS,
-    token: TokenOpt = "",
-    token_file: TokenFileOpt = None,
-    tls_ca: TlsCaOpt = None,
-    tls_server_name: TlsNameOpt = "",
+    socket_a: OneEndArg,
+    socket_b: OtherEndArg,
+    *,
+    to: Target,
     as_json: JsonOpt = False,
 ) -> None:
     """Drop every transfer over the link between two sockets, both directions."""
-    _run(
-        target(address, token, token_file, tls_ca, tls_server_name),
-        as_json,
-        lambda a: a.drop_link(socket_a, socket_b),
-    )
+    _run(to, as_json, lambda a: a.drop_link(socket_a, socket_b))
 
 
-@fault_app.command("delay-link")
-@talks_to_orchestrator
 def delay_link_cmd(
-    socket_a: Annotated[str, typer.Argument(help="one end, e.g. rdu-n0-s1")],
-    socket_b: Annotated[str, typer.Argument(help="the other end, e.g. rdu-n1-s1")],
+    socket_a: OneEndArg,
+    socket_b: OtherEndArg,
     extra_latency_ns: Annotated[
         int, typer.Argument(min=1, help="extra emulated latency per transfer, ns")
     ],
-    address: AddressOpt = DEFAULT_ADDRESS,
-    token: TokenOpt = "",
-    token_file: TokenFileOpt = None,
-    tls_ca: TlsCaOpt = None,
-    tls_server_name: TlsNameOpt = "",
+    *,
+    to: Target,
     as_json: JsonOpt = False,
 ) -> None:
     """Delay every transfer over the link between two sockets (emulated latency)."""
-    _run(
-        target(address, token, token_file, tls_ca, tls_server_name),
-        as_json,
-        lambda a: a.delay_link(socket_a, socket_b, extra_latency_ns),
-    )
+    _run(to, as_json, lambda a: a.delay_link(socket_a, socket_b, extra_latency_ns))
 
 
-@fault_app.command("partition")
-@talks_to_orchestrator
 def partition_cmd(
     node_a: Annotated[int, typer.Argument(min=0)] = 0,
     node_b: Annotated[int, typer.Argument(min=0)] = 1,
-    address: AddressOpt = DEFAULT_ADDRESS,
-    token: TokenOpt = "",
-    token_file: TokenFileOpt = None,
-    tls_ca: TlsCaOpt = None,
-    tls_server_name: TlsNameOpt = "",
+    *,
+    to: Target,
     as_json: JsonOpt = False,
 ) -> None:
     """Cut every link between two nodes (default 0 and 1)."""
     if node_a == node_b:
         raise InvalidRequest(f"a partition cuts two nodes apart; both are {node_a}")
-    _run(
-        target(address, token, token_file, tls_ca, tls_server_name),
-        as_json,
-        lambda a: a.partition(node_a, node_b),
-    )
+    _run(to, as_json, lambda a: a.partition(node_a, node_b))
 
 
-@fault_app.command("heal")
-@talks_to_orchestrator
 def heal_cmd(
     fault_id: Annotated[str, typer.Argument(help="the fault to end; none: every fault")] = "",
-    address: AddressOpt = DEFAULT_ADDRESS,
-    token: TokenOpt = "",
-    token_file: TokenFileOpt = None,
-    tls_ca: TlsCaOpt = None,
-    tls_server_name: TlsNameOpt = "",
+    *,
+    to: Target,
     state_dir: StateDirOpt = Path(".state"),
     as_json: JsonOpt = False,
 ) -> None:
     """End a fault, or every fault: links up, sockets at speed, killed socket actors
     restarted. On a local rack (rdu up) it also restarts killed node agents."""
-    to = target(address, token, token_file, tls_ca, tls_server_name)
     restarted_agents = local_rack.restart_dead_agents(state_dir) if not fault_id else []
     if restarted_agents:
         nodes = [int(n.rsplit("-", 1)[1]) for n in restarted_agents]
@@ -226,18 +153,9 @@ def heal_cmd(
         print("nothing to heal")
 
 
-@fault_app.command("list")
-@talks_to_orchestrator
-def list_cmd(
-    address: AddressOpt = DEFAULT_ADDRESS,
-    token: TokenOpt = "",
-    token_file: TokenFileOpt = None,
-    tls_ca: TlsCaOpt = None,
-    tls_server_name: TlsNameOpt = "",
-    as_json: JsonOpt = False,
-) -> None:
+def list_cmd(*, to: Target, as_json: JsonOpt = False) -> None:
     """The faults in force."""
-    with target(address, token, token_file, tls_ca, tls_server_name).channel() as ch:
+    with to.channel() as ch:
         faults = AdminClient(ch).faults()
     if not faults and not as_json:
         print("no faults in force")

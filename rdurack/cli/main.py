@@ -1,4 +1,5 @@
-"""`rdu`: the command line of rdurack.
+"""`rdu`: the command line of rdurack. `build_app` puts its commands together; `main`
+runs it.
 
 Errors are one line on stderr and exit code 2: a bad value names itself and the
 accepted ones. `--json` prints one JSON object (a list for `bench paper`).
@@ -6,282 +7,109 @@ accepted ones. `--json` prints one JSON object (a list for `bench paper`).
 
 from __future__ import annotations
 
-import json
+import inspect
 import sys
-from dataclasses import asdict
-from pathlib import Path
-from typing import Annotated
+from collections.abc import Callable
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
-from rdurack.cli import coe as cli_coe  # noqa: F401  (registers its commands)
-from rdurack.cli import demo as cli_demo  # noqa: F401  (registers its commands)
-from rdurack.cli import fault as cli_fault  # noqa: F401  (registers its commands)
-from rdurack.cli import rack as cli_rack  # noqa: F401  (registers its commands)
-from rdurack.cli import security as cli_security  # noqa: F401  (registers its commands)
-from rdurack.cli import trace as cli_trace  # noqa: F401  (registers its commands)
-from rdurack.cli import train as cli_train  # noqa: F401  (registers its commands)
-from rdurack.cli.app import JsonOpt, SpecOpt, app, emit
-from rdurack.errors import RdurackError, UnknownName
-from rdurack.rack.kernels import FusionPlan, Phase
-from rdurack.rack.models import ModelSpec, builtin_models
-from rdurack.rack.whatif import load_platform
-from rdurack.workloads.paper import Figure, PaperStudy, to_markdown
-from rdurack.workloads.predictor import (
-    TABLE_V_PROMPT_TOKENS,
-    CoeSetting,
-    Predictor,
-    predict_coe,
-    predict_decode,
-    predict_footprint,
-    predict_fusion,
-)
-from rdurack.workloads.training.job import TrainingWorkload, check_fits, predict_scaling, step_cost
+from rdurack.cli import coe, demo, fault, jobs, lifecycle, predict, security, status, trace, train
+from rdurack.cli.options import talks_to_orchestrator
+from rdurack.errors import RdurackError
 
-predict_app = typer.Typer(
-    help="Predict with the timing model, in one process.", no_args_is_help=True
-)
-bench_app = typer.Typer(help="Reproduce published figures.", no_args_is_help=True)
-app.add_typer(predict_app, name="predict")
-app.add_typer(bench_app, name="bench")
+Commands = dict[str, Callable[..., None]]
 
 
-def _model(name: str) -> ModelSpec:
-    models = builtin_models()
-    if name not in models:
-        raise UnknownName("model", name, sorted(models))
-    return models[name]
-
-
-# --------------------------------------------------------------------- predict
-
-
-@predict_app.command("fusion")
-def predict_fusion_cmd(
-    model: Annotated[str, typer.Option(help="model preset, e.g. llama2-7b")],
-    phase: Annotated[Phase, typer.Option(help="one prefill pass, one decoded token, one step")],
-    seq: Annotated[int, typer.Option(min=1, help="prompt length, or the decode context")] = 4096,
-    sockets: Annotated[int, typer.Option(min=1, help="SN40L sockets (tensor parallel)")] = 8,
-    batch_size: Annotated[int, typer.Option(min=1)] = 1,
-    platform: Annotated[str, typer.Option(help="an SN40L platform")] = "sn40l-rack16",
-    spec: SpecOpt = None,
-    as_json: JsonOpt = False,
-) -> None:
-    """Unfused vs fused (SO and HO launch) time of one step on N SN40L sockets."""
-    p = Predictor(load_platform(platform, spec))
-    r = predict_fusion(p, _model(model), phase, seq, sockets, batch_size)
-    emit(as_json, r.to_dict(), f"fusion: {model} {phase.value} on {sockets} sockets")
-
-
-@predict_app.command("decode")
-def predict_decode_cmd(
-    platform: Annotated[str, typer.Option(help="sn40l-node, sn40l-rack16, dgx-a100, dgx-h100")],
-    model: Annotated[str, typer.Option(help="model preset")],
-    batch_size: Annotated[int, typer.Option(min=1)] = 1,
-    sockets: Annotated[int | None, typer.Option(min=1, help="default: all of the platform")] = None,
-    context: Annotated[int, typer.Option(min=1, help="tokens each sequence attends to")] = 4096,
-    plan: Annotated[
-        FusionPlan | None, typer.Option(help="default: kernel-looped on SN40L, unfused on GPUs")
-    ] = None,
-    spec: SpecOpt = None,
-    as_json: JsonOpt = False,
-) -> None:
-    """Steady-state decode throughput of a model on a platform."""
-    p = Predictor(load_platform(platform, spec))
-    r = predict_decode(p, _model(model), batch_size, sockets, context, plan)
-    emit(as_json, r.to_dict(), f"decode: {model} on {platform}")
-
-
-@predict_app.command("coe")
-def predict_coe_cmd(
-    platform: Annotated[str, typer.Option(help="sn40l-node, dgx-a100 or dgx-h100")],
-    experts: Annotated[int, typer.Option(min=1, help="experts in the catalog")] = 150,
-    batch_size: Annotated[int, typer.Option(min=1)] = 8,
-    output_tokens: Annotated[int, typer.Option(min=1)] = 20,
-    prompt_tokens: Annotated[int, typer.Option(min=1)] = TABLE_V_PROMPT_TOKENS,
-    expert_model: Annotated[str, typer.Option()] = "llama2-7b",
-    router_model: Annotated[str, typer.Option()] = "llama2-7b",
-    decode_plan: Annotated[
-        FusionPlan | None,
-        typer.Option(help="default: kernel-looped on SN40L, unfused on GPUs (Table V: fused-ho)"),
-    ] = None,
-    spec: SpecOpt = None,
-    as_json: JsonOpt = False,
-) -> None:
-    """A batch of Composition-of-Experts requests: router, switching, experts."""
-    models = {m: _model(m) for m in (expert_model, router_model)}
-    setting = CoeSetting(
-        experts=experts,
-        batch=batch_size,
-        output_tokens=output_tokens,
-        prompt_tokens=prompt_tokens,
-        expert_model=expert_model,
-        router_model=router_model,
-        decode_plan=decode_plan,
+def build_app() -> typer.Typer:
+    """The `rdu` application: every command and group, in the order `rdu --help` lists
+    them. Commands that call the orchestrator get its connection options here."""
+    app = typer.Typer(
+        help="rdurack: an emulated rack of SN40L-style RDU sockets.",
+        no_args_is_help=True,
+        add_completion=False,
+        pretty_exceptions_enable=False,
     )
-    r = predict_coe(Predictor(load_platform(platform, spec)), setting, models)
-    data = r.to_dict()
-    data.pop("request_s")
-    data["request_s"] = r.request_s  # last: the table shows the scalars first
-    emit(as_json, data, f"CoE on {platform}")
-
-
-@predict_app.command("ddp")
-def predict_ddp_cmd(
-    model: Annotated[str, typer.Option(help="a model preset, or mlp / transformer")],
-    batch_per_rank: Annotated[int, typer.Option(min=1, help="samples per rank per step")] = 1,
-    sequence_length: Annotated[int, typer.Option(min=1, help="tokens per sample")] = 1024,
-    optimizer: Annotated[str, typer.Option(help="sgd or adam")] = "sgd",
-    platform: Annotated[str, typer.Option()] = "sn40l-rack16",
-    spec: SpecOpt = None,
-    as_json: JsonOpt = False,
-) -> None:
-    """DDP scaling at a fixed batch per rank: step time, all-reduce time and the part
-    backward does not hide, samples/s, for 1 to 16 ranks (16 crosses nodes)."""
-    w = TrainingWorkload.model_validate(
+    _add(
+        app,
         {
-            "model": model,
-            "world_size": 1,
-            "global_batch": batch_per_rank,
-            "sequence_length": sequence_length,
-            "optimizer": optimizer,
-        }
+            "up": lifecycle.up_cmd,
+            "down": lifecycle.down_cmd,
+            "watch": talks_to_orchestrator(jobs.watch_cmd),
+            "job": talks_to_orchestrator(jobs.job_cmd),
+            "cancel": talks_to_orchestrator(jobs.cancel_cmd),
+            "jobs": talks_to_orchestrator(jobs.jobs_cmd),
+            "status": talks_to_orchestrator(status.status_cmd),
+            "demo": demo.demo_cmd,
+            "certs": security.certs_cmd,
+            "token": security.token_cmd,
+            "trace": trace.trace_cmd,
+            "plot": trace.plot_cmd,
+            "spec": predict.spec_cmd,
+        },
     )
-    p = load_platform(platform, spec)
-    cost = step_cost(w, p, builtin_models())
-    check_fits(w, p, cost)
-    points = predict_scaling(w, p, builtin_models())
-    if as_json:
-        rows = [asdict(x) for x in points]
-        print(json.dumps({"model": model, "platform": p.name, "memory": cost.memory.to_dict(),
-                          "scaling": rows}))  # fmt: skip
-        return
-    table = Table(title=f"DDP {model} on {p.name}, {batch_per_rank} per rank")
-    for col in ("ranks", "step", "compute", "all-reduce", "exposed", "samples/s", "nodes"):
-        table.add_column(col, justify="right")
-    for x in points:
-        table.add_row(
-            str(x.world_size),
-            f"{x.step_s * 1e3:.3f} ms",
-            f"{x.compute_s * 1e3:.3f} ms",
-            f"{x.all_reduce_s * 1e3:.3f} ms",
-            f"{x.exposed_s * 1e3:.3f} ms",
-            f"{x.samples_per_s:,.1f}",
-            "2" if x.crosses_nodes else "1",
-        )
-    Console().print(table)
-
-
-@predict_app.command("footprint")
-def predict_footprint_cmd(
-    platform: Annotated[str, typer.Option()],
-    expert_model: Annotated[str, typer.Option()] = "llama2-7b",
-    experts: Annotated[int | None, typer.Option(min=1, help="how many nodes for N experts")] = None,
-    spec: SpecOpt = None,
-    as_json: JsonOpt = False,
-) -> None:
-    """How many experts a node holds where it serves them from; nodes for N."""
-    r = predict_footprint(load_platform(platform, spec), _model(expert_model), experts)
-    emit(as_json, r.to_dict(), f"footprint on {platform}")
-
-
-@app.command("spec")
-def spec_cmd(
-    platform: Annotated[str, typer.Option(help="sn40l-node, sn40l-rack16, dgx-a100, dgx-h100")],
-    spec: SpecOpt = None,
-    as_json: JsonOpt = False,
-    markdown: Annotated[bool, typer.Option("--markdown", help="print a Markdown table")] = False,
-) -> None:
-    """Every hardware number of a platform, with its source."""
-    p = load_platform(platform, spec)
-    rows = p.numbers()
-    if as_json:
-        print(
-            json.dumps(
-                {
-                    "platform": p.name,
-                    "numbers": [{"field": f, "value": v, "source": src} for f, v, src in rows],
-                }
-            )
-        )
-        return
-    if markdown:
-        print("| field | value | source |\n|---|---|---|")
-        for f, v, src in rows:
-            print(f"| `{f}` | {v:.4g} | {src} |")
-        return
-    table = Table(title=f"{p.name}: {p.description}")
-    for col in ("field", "value", "source"):
-        table.add_column(col)
-    for f, v, src in rows:
-        table.add_row(f, f"{v:.4g}", src)
-    Console().print(table)
-
-
-# --------------------------------------------------------------------- bench
-
-
-def _shown(value: float | tuple[float, float] | bool) -> str:
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, tuple):
-        return f"{value[0]:.3g} – {value[1]:.3g}"
-    return f"{value:.3g}"
-
-
-@bench_app.command("paper")
-def bench_paper_cmd(
-    as_json: JsonOpt = False,
-    markdown: Annotated[bool, typer.Option("--markdown", help="print a Markdown table")] = False,
-    plot: Annotated[
-        Path | None,
-        typer.Option("--plot", help="also draw published against predicted: DIR/paper-figures.png"),
-    ] = None,
-) -> None:
-    """Each published figure beside the predicted one and the error."""
-    figures: list[Figure] = PaperStudy().figures()
-    if plot is not None:
-        from rdurack.traces.plots import plot_paper
-
-        drawn = plot_paper(figures, plot / "paper-figures.png")
-        # stderr: --json and --markdown keep stdout to the table alone.
-        print(f"wrote {drawn}", file=sys.stderr)
-    if as_json:
-        print(json.dumps([f.to_dict() for f in figures]))
-        return
-    if markdown:
-        print(to_markdown(figures), end="")
-        return
-    table = Table(title="Published figures, predicted from one parameter set")
-    for col in ("figure", "source", "published", "predicted", "error", "", "fitted"):
-        table.add_column(col)
-    for f in figures:
-        err = "" if f.error is None else f"{f.error:+.1%}"
-        table.add_row(
-            f.what + (f" ({f.unit})" if f.unit else ""),
-            f.source,
-            _shown(f.published),
-            _shown(f.predicted),
-            err,
-            "[green]ok[/]" if f.ok else "[red]MISS[/]",
-            "fitted" if f.fitted else "",
-        )
-    console = Console()
-    console.print(table)
-    ok = sum(f.ok for f in figures)
-    console.print(
-        f"{ok} of {len(figures)} figures reproduced (value figures within ±15%, ranges inside "
-        "the published range). 'fitted': used to choose an unpublished assumption, so "
-        "agreement is a consistency check; the others are predictions."
+    submit = _group(
+        "Submit a job to the rack's orchestrator.",
+        {
+            "kernel": talks_to_orchestrator(jobs.submit_kernel_cmd),
+            "coe": talks_to_orchestrator(coe.submit_coe_cmd),
+            "train": talks_to_orchestrator(train.submit_train_cmd),
+        },
     )
+    faults = _group(
+        "Inject faults into the rack and heal them (an admin token where tokens are on).",
+        {
+            "kill-socket": talks_to_orchestrator(fault.kill_socket_cmd),
+            "kill-agent": talks_to_orchestrator(fault.kill_agent_cmd),
+            "slow": talks_to_orchestrator(fault.slow_cmd),
+            "drop-link": talks_to_orchestrator(fault.drop_link_cmd),
+            "delay-link": talks_to_orchestrator(fault.delay_link_cmd),
+            "partition": talks_to_orchestrator(fault.partition_cmd),
+            "heal": talks_to_orchestrator(fault.heal_cmd),
+            "list": talks_to_orchestrator(fault.list_cmd),
+        },
+    )
+    predictions = _group(
+        "Predict with the timing model, in one process.",
+        {
+            "fusion": predict.predict_fusion_cmd,
+            "decode": predict.predict_decode_cmd,
+            "coe": predict.predict_coe_cmd,
+            "ddp": predict.predict_ddp_cmd,
+            "footprint": predict.predict_footprint_cmd,
+        },
+    )
+    bench = _group("Reproduce published figures.", {"paper": predict.bench_paper_cmd})
+    for name, group in (
+        ("submit", submit),
+        ("fault", faults),
+        ("predict", predictions),
+        ("bench", bench),
+    ):
+        app.add_typer(group, name=name)
+    return app
+
+
+def _group(help_text: str, commands: Commands) -> typer.Typer:
+    group = typer.Typer(help=help_text, no_args_is_help=True)
+    _add(group, commands)
+    return group
+
+
+def _add(group: typer.Typer, commands: Commands) -> None:
+    for name, command in commands.items():
+        group.command(name, help=paragraphs(command.__doc__ or ""))(command)
+
+
+def paragraphs(doc: str) -> str:
+    """A docstring as help the terminal wraps: each paragraph on one line (typer keeps a
+    docstring's line breaks, so the source's wrapping would break sentences)."""
+    return "\n\n".join(" ".join(p.split()) for p in inspect.cleandoc(doc).split("\n\n"))
 
 
 def main() -> None:
     """Entry point: one-line errors, exit code 2 for bad input, never a traceback."""
     try:
-        code = app(standalone_mode=False)
+        code = build_app()(standalone_mode=False)
         if isinstance(code, int) and code:  # typer returns 130 on Ctrl-C, after cleanup
             if code == 130:
                 print("rdu: interrupted", file=sys.stderr)

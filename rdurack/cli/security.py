@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from rdurack.cli.app import JsonOpt, app
+from rdurack.cli.options import JsonOpt
 from rdurack.errors import InvalidRequest
 from rdurack.security import certs
 from rdurack.security.auth import TokenEntry, digest
@@ -18,7 +18,6 @@ from rdurack.security.tls import DEFAULT_RACK_IDENTITY
 TOKEN_BYTES = 32  # 256 random bits, URL-safe base64: nothing to guess
 
 
-@app.command("certs")
 def certs_cmd(
     out: Annotated[Path, typer.Option("--out", help="directory for ca.crt, tls.crt, tls.key")],
     host: Annotated[
@@ -40,7 +39,6 @@ def certs_cmd(
     print(f"wrote {out / certs.CA_FILE}, {out / certs.CERT_FILE}, {out / certs.KEY_FILE}")
 
 
-@app.command("token")
 def token_cmd(
     tenant: Annotated[str, typer.Option(help="the tenant the token maps to")],
     as_json: JsonOpt = False,

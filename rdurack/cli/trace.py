@@ -13,8 +13,7 @@ from typing import Annotated, Any
 
 import typer
 
-from rdurack.cli.app import JsonOpt, app
-from rdurack.cli.rack import StateDirOpt
+from rdurack.cli.options import JsonOpt, StateDirOpt
 from rdurack.errors import RdurackError
 from rdurack.processes import local_rack
 
@@ -33,7 +32,6 @@ def _trace_dir(trace_dir: Path | None, state_dir: Path) -> Path:
     return trace_dir if trace_dir is not None else local_rack.trace_dir(state_dir)
 
 
-@app.command("trace")
 def trace_cmd(
     job_id: Annotated[str, typer.Argument(help="the job's id (rdu jobs lists them)")],
     out: OutOpt,
@@ -74,7 +72,6 @@ def trace_cmd(
         print(f"warning: {written.bad_lines} unreadable lines skipped (a torn last line)")
 
 
-@app.command("plot")
 def plot_cmd(
     job_id: Annotated[str, typer.Argument(help="the job's id (rdu jobs lists them)")],
     out: OutOpt,

@@ -6,27 +6,13 @@ from typing import Annotated
 
 import typer
 
-from rdurack.cli.app import JsonOpt
-from rdurack.cli.rack import (
-    DEFAULT_ADDRESS,
-    WATCH_TIMEOUT_S,
-    AddressOpt,
-    TimeoutOpt,
-    TlsCaOpt,
-    TlsNameOpt,
-    TokenFileOpt,
-    TokenOpt,
-    submit_and_follow,
-    submit_app,
-    talks_to_orchestrator,
-    target,
-)
-from rdurack.v1 import common_pb2, job_pb2
+from rdurack.cli.jobs import payload_mode, submit_and_follow
+from rdurack.cli.options import WATCH_TIMEOUT_S, JsonOpt, NameOpt, TimeoutOpt, WaitOpt
+from rdurack.client.connection import Target
+from rdurack.v1 import job_pb2
 from rdurack.workloads.training.job import NUMPY_MODELS
 
 
-@submit_app.command("train")
-@talks_to_orchestrator
 def submit_train_cmd(
     world_size: Annotated[int, typer.Option(min=1, max=16, help="ranks, one socket each")] = 4,
     model: Annotated[
@@ -67,14 +53,11 @@ def submit_train_cmd(
         typer.Option(min=0.0, max=1.0, help="progressive: freeze below this movement (0.45)"),
     ] = None,
     platform: Annotated[str, typer.Option(help="the rack's own, or dgx-a100 / dgx-h100")] = "",
-    name: Annotated[str, typer.Option(help="a label for the job")] = "",
-    wait: Annotated[bool, typer.Option("--wait", help="follow the job until it ends")] = False,
+    name: NameOpt = "",
+    wait: WaitOpt = False,
     timeout: TimeoutOpt = WATCH_TIMEOUT_S,
-    address: AddressOpt = DEFAULT_ADDRESS,
-    token: TokenOpt = "",
-    token_file: TokenFileOpt = None,
-    tls_ca: TlsCaOpt = None,
-    tls_server_name: TlsNameOpt = "",
+    *,
+    to: Target,
     as_json: JsonOpt = False,
 ) -> None:
     """Data-parallel training, torch DDP semantics: one rank per socket, gradients
@@ -101,14 +84,8 @@ def submit_train_cmd(
     )
     if no_broadcast:
         training.broadcast_parameters = False
-    functional = model in NUMPY_MODELS
+    functional = model in NUMPY_MODELS  # a numpy model trains on real data
     spec = job_pb2.JobSpec(
-        name=name,
-        platform=platform,
-        training=training,
-        payload_mode=common_pb2.PAYLOAD_MODE_FUNCTIONAL
-        if functional
-        else common_pb2.PAYLOAD_MODE_TIMING,
+        name=name, platform=platform, training=training, payload_mode=payload_mode(functional)
     )
-    to = target(address, token, token_file, tls_ca, tls_server_name)
     submit_and_follow(spec, to, wait=wait, timeout_s=timeout, as_json=as_json)

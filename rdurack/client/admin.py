@@ -1,6 +1,7 @@
 """A client of rdurack.v1.AdminService over a channel that carries the caller's
-credentials (services/grpc_server.channel: TLS, bearer token). The CLI (`rdu fault`)
-and the chaos run use it."""
+credentials (`connection.Target.channel`: TLS, bearer token), the faults as `rdu fault`
+shows them, and `wait_healthy`, which waits for restarted node agents to be found again.
+The CLI (`rdu fault`) and the chaos run use it."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ from typing import Any
 import grpc
 from google.protobuf import json_format
 
+from rdurack.client.rack import RackClient
 from rdurack.errors import RdurackError
-from rdurack.v1 import admin_pb2, admin_pb2_grpc, fault_pb2, rack_pb2, rack_pb2_grpc
+from rdurack.v1 import admin_pb2, admin_pb2_grpc, fault_pb2
 from rdurack.wire.faults import KINDS
 
 RPC_TIMEOUT_S = 60.0  # a heal restarts socket actors: seconds on a loaded machine
@@ -82,10 +84,10 @@ def kind_name(f: fault_pb2.Fault) -> str:
 def wait_healthy(ch: grpc.Channel, nodes: list[int], wait_s: float) -> None:
     """Until the orchestrator's GetRack shows `nodes` healthy (a restarted agent found
     again, its sockets back in the pool); RdurackError after `wait_s` wall seconds."""
-    stub = rack_pb2_grpc.RackServiceStub(ch)
+    racks = RackClient(ch, RPC_TIMEOUT_S)
     deadline = time.monotonic() + wait_s
     while True:
-        rack = stub.GetRack(rack_pb2.GetRackRequest(), timeout=RPC_TIMEOUT_S).rack
+        rack = racks.status()
         if all(n.healthy for n in rack.nodes if n.index in nodes):
             return
         if time.monotonic() > deadline:

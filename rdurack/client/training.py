@@ -25,13 +25,12 @@ from typing import Any
 
 from ray import cloudpickle
 
-from rdurack.api.server import channel
+from rdurack.client.connection import DEFAULT_ADDRESS, Target
+from rdurack.client.jobs import JobClient
 from rdurack.errors import RdurackError
 from rdurack.security.tls import TlsConfig
-from rdurack.v1 import common_pb2, job_pb2, job_pb2_grpc
+from rdurack.v1 import common_pb2, job_pb2
 from rdurack.workloads.training.job import MAX_LOOP_BYTES
-
-DEFAULT_ADDRESS = "127.0.0.1:50051"
 
 
 def run_training_loop(
@@ -64,12 +63,12 @@ def run_training_loop(
             wall_timeout_s=wall_timeout_s,
         ),
     )  # fmt: skip
-    with channel(address, tls=tls, token=token) as ch:
-        stub = job_pb2_grpc.JobServiceStub(ch)
-        job = stub.SubmitJob(job_pb2.SubmitJobRequest(spec=spec), timeout=30).job
-        for _ in stub.WatchJob(job_pb2.WatchJobRequest(job_id=job.id), timeout=timeout_s):
+    with Target(address, token, tls).channel() as ch:
+        jobs = JobClient(ch)
+        job = jobs.submit(spec).job
+        for _ in jobs.watch(job.id, timeout_s):
             pass  # until the job ends
-        job = stub.GetJob(job_pb2.GetJobRequest(job_id=job.id), timeout=30).job
+        job = jobs.get(job.id)
     if job.state != common_pb2.JOB_STATE_SUCCEEDED:
         state = common_pb2.JobState.Name(job.state).removeprefix("JOB_STATE_")
         raise RdurackError(f"job {job.id} {state}: {job.error_message or 'no reason given'}")

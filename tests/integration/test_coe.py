@@ -9,7 +9,7 @@ import grpc
 import pytest
 from google.protobuf import json_format
 
-from rdurack.cli.rack import _job_dict
+from rdurack.cli.views import job_dict
 from rdurack.rack.kernels import FusionPlan
 from rdurack.rack.models import builtin_models
 from rdurack.rack.presets import platform
@@ -85,7 +85,7 @@ def test_150_experts_serve_on_sn40l_and_a_dgx_reports_oom(control: Control) -> N
     r = dgx.result.coe_inference
     assert r.oom and "host DRAM" in r.oom_reason and "143 fit" in r.oom_reason
     assert r.oom_reason in dgx.error_message
-    view = _job_dict(dgx)  # what `rdu submit coe --json` prints
+    view = job_dict(dgx)  # what `rdu submit coe --json` prints
     assert view["state"] == "FAILED" and view["oom"] is True and view["diagnostics"] == []
 
 
@@ -128,7 +128,7 @@ def test_results_stream_over_watch_and_serialize_for_the_cli(control: Control) -
     assert r.requests == 200 and 0 < r.hbm_hit_rate < 1 and r.p50_latency_s <= r.p99_latency_s
     assert {q.replica for q in r.per_request} == {0, 1}
     assert sum(r.switches_per_expert.values()) == r.switches
-    view = _job_dict(job)
+    view = job_dict(job)
     for key in ("emulated_s", "requests", "tokens_per_s", "switch_s", "hbm_hit_rate", "oom"):
         assert view[key] is not None, key
     assert json_format.MessageToDict(r)  # the result is a well-formed message

@@ -14,7 +14,7 @@ import pytest
 from rdurack.api.job_service import JOB_SERVICE, RACK_SERVICE, JobService, RackService
 from rdurack.api.node_gateway import GrpcNodeGateway
 from rdurack.api.server import Server, channel
-from rdurack.cli.rack import _job_dict
+from rdurack.cli.views import job_dict
 from rdurack.client.training import run_training_loop
 from rdurack.node_agent.rank import TrainContext
 from rdurack.orchestrator.orchestrator import Orchestrator
@@ -95,7 +95,7 @@ def test_16_ranks_learn_digits_to_95_percent(trainer: Control) -> None:
     r = job.result.training
     assert r.test_accuracy >= 0.95, r.test_accuracy
     assert r.losses[-1] < r.losses[0]
-    view = _job_dict(job)  # what `rdu submit train --json` prints
+    view = job_dict(job)  # what `rdu submit train --json` prints
     for key in ("test_accuracy", "final_loss", "step_time_s", "samples_per_s", "peak_hbm_bytes"):
         assert view[key] is not None, key
     assert view["diagnostics"] == []
@@ -247,7 +247,7 @@ def test_progressive_training_runs_under_a_cap_full_training_cannot_meet(
     assert prog.test_accuracy >= full.test_accuracy - 0.02, (prog.test_accuracy, full.test_accuracy)
     assert base.peak_hbm_bytes == shrunk.peak_hbm_bytes <= HBM_CAP
     assert abs(prog.test_accuracy - base.test_accuracy) <= 0.01, base.test_accuracy
-    view = _job_dict(jobs["progressive"])  # what `rdu submit train --json` prints
+    view = job_dict(jobs["progressive"])  # what `rdu submit train --json` prints
     assert view["strategy"] == "progressive" and len(view["stages"]) == 8
     assert view["stages"][-1]["peak_hbm_bytes"] == prog.stages[-1].peak_hbm_bytes
     print(

@@ -1,0 +1,108 @@
+"""The options `rdu` commands share, and the connection options as one dependency.
+
+A command that calls the orchestrator takes a keyword parameter `to: Target`;
+`talks_to_orchestrator` shows typer, in its place, the options of `connection`
+(--address, --token, --token-file, --tls-ca, --tls-server-name), so every such command
+has the same five with the same help, and calls the command with the Target they make.
+It also turns the command's gRPC failures into one line naming the orchestrator.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from rdurack.client.connection import DEFAULT_ADDRESS, Target, one_line_errors
+from rdurack.security.tls import ENV_CA, ENV_SERVER_NAME
+
+WATCH_TIMEOUT_S = 600.0  # how long --wait and rdu watch follow a job by default, wall s
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="print one JSON object")]
+SpecOpt = Annotated[
+    Path | None,
+    typer.Option("--spec", help="what-if YAML overriding hardware numbers of the platform"),
+]
+StateDirOpt = Annotated[
+    Path,
+    typer.Option(
+        "--state-dir",
+        envvar="RDURACK_STATE_DIR",
+        help="where rdu up records its processes, logs and the job store",
+    ),
+]
+TimeoutOpt = Annotated[
+    float, typer.Option("--timeout", min=1, help="seconds to wait for the job to end")
+]
+WaitOpt = Annotated[bool, typer.Option("--wait", help="follow the job until it ends")]
+NameOpt = Annotated[str, typer.Option(help="a label for the job")]
+PortOpt = Annotated[int, typer.Option(min=0, max=65535, help="orchestrator port")]
+ModelOpt = Annotated[str, typer.Option(help="model preset, e.g. llama2-7b")]
+SeqOpt = Annotated[int, typer.Option(min=1, help="prompt length, or the decode context")]
+BatchSizeOpt = Annotated[int, typer.Option(min=1)]
+
+AddressOpt = Annotated[
+    str,
+    typer.Option("--address", envvar="RDURACK_ORCHESTRATOR", help="the orchestrator's host:port"),
+]
+TokenOpt = Annotated[
+    str,
+    typer.Option(
+        "--token", envvar="RDURACK_TOKEN", help="bearer token (the rack's tokens file names it)"
+    ),
+]
+TokenFileOpt = Annotated[
+    Path | None,
+    typer.Option("--token-file", envvar="RDURACK_TOKEN_FILE", help="a file holding the token"),
+]
+TlsCaOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--tls-ca", envvar=ENV_CA, help="TLS: the CA of the orchestrator's certificate (PEM)"
+    ),
+]
+TlsNameOpt = Annotated[
+    str,
+    typer.Option(
+        "--tls-server-name",
+        envvar=ENV_SERVER_NAME,
+        help="TLS: the name to expect in its certificate (default: the host dialled)",
+    ),
+]
+
+
+def connection(
+    address: AddressOpt = DEFAULT_ADDRESS,
+    token: TokenOpt = "",
+    token_file: TokenFileOpt = None,
+    tls_ca: TlsCaOpt = None,
+    tls_server_name: TlsNameOpt = "",
+) -> Target:
+    """The orchestrator a client command talks to, from its connection options."""
+    return Target.from_options(address, token, token_file, tls_ca, tls_server_name)
+
+
+def talks_to_orchestrator(command: Callable[..., None]) -> Callable[..., None]:
+    """`command` with its `to: Target` parameter shown to typer as the options of
+    `connection`, in its place; its gRPC failures one line (the module docstring)."""
+    signature = inspect.signature(command, eval_str=True)
+    options = list(inspect.signature(connection, eval_str=True).parameters.values())
+    (target,) = [p for p in signature.parameters.values() if p.annotation is Target]
+    shown = []
+    for p in signature.parameters.values():
+        shown += [o.replace(kind=target.kind) for o in options] if p is target else [p]
+
+    @functools.wraps(command)
+    def run(**kwargs: Any) -> None:
+        to = connection(**{o.name: kwargs.pop(o.name) for o in options})
+        with one_line_errors(to.address):
+            command(**kwargs, **{target.name: to})
+
+    # typer reads a command's options from its signature and type hints.
+    run.__signature__ = signature.replace(parameters=shown)  # type: ignore[attr-defined]
+    run.__annotations__ = {p.name: p.annotation for p in shown} | {"return": None}
+    return run

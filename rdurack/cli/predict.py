@@ -1,0 +1,258 @@
+"""The commands that need no rack: `rdu predict` (the timing model, in one process),
+`rdu spec` (every hardware number of a platform, with its source) and `rdu bench paper`
+(each published figure beside the predicted one)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import asdict
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from rdurack.cli.options import BatchSizeOpt, JsonOpt, ModelOpt, SeqOpt, SpecOpt
+from rdurack.cli.views import emit
+from rdurack.errors import UnknownName
+from rdurack.rack.kernels import FusionPlan, Phase
+from rdurack.rack.models import ModelSpec, builtin_models
+from rdurack.rack.whatif import load_platform
+from rdurack.workloads.paper import Figure, PaperStudy, to_markdown
+from rdurack.workloads.predictor import (
+    TABLE_V_PROMPT_TOKENS,
+    CoeSetting,
+    Predictor,
+    predict_coe,
+    predict_decode,
+    predict_footprint,
+    predict_fusion,
+)
+from rdurack.workloads.training.job import TrainingWorkload, check_fits, predict_scaling, step_cost
+
+MarkdownOpt = Annotated[bool, typer.Option("--markdown", help="print a Markdown table")]
+
+
+def _model(name: str) -> ModelSpec:
+    models = builtin_models()
+    if name not in models:
+        raise UnknownName("model", name, sorted(models))
+    return models[name]
+
+
+# --------------------------------------------------------------------- predict
+
+
+def predict_fusion_cmd(
+    model: ModelOpt,
+    phase: Annotated[Phase, typer.Option(help="one prefill pass, one decoded token, one step")],
+    seq: SeqOpt = 4096,
+    sockets: Annotated[int, typer.Option(min=1, help="SN40L sockets (tensor parallel)")] = 8,
+    batch_size: BatchSizeOpt = 1,
+    platform: Annotated[str, typer.Option(help="an SN40L platform")] = "sn40l-rack16",
+    spec: SpecOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Unfused vs fused (SO and HO launch) time of one step on N SN40L sockets."""
+    p = Predictor(load_platform(platform, spec))
+    r = predict_fusion(p, _model(model), phase, seq, sockets, batch_size)
+    emit(as_json, r.to_dict(), f"fusion: {model} {phase.value} on {sockets} sockets")
+
+
+def predict_decode_cmd(
+    platform: Annotated[str, typer.Option(help="sn40l-node, sn40l-rack16, dgx-a100, dgx-h100")],
+    model: Annotated[str, typer.Option(help="model preset")],
+    batch_size: BatchSizeOpt = 1,
+    sockets: Annotated[int | None, typer.Option(min=1, help="default: all of the platform")] = None,
+    context: Annotated[int, typer.Option(min=1, help="tokens each sequence attends to")] = 4096,
+    plan: Annotated[
+        FusionPlan | None, typer.Option(help="default: kernel-looped on SN40L, unfused on GPUs")
+    ] = None,
+    spec: SpecOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Steady-state decode throughput of a model on a platform."""
+    p = Predictor(load_platform(platform, spec))
+    r = predict_decode(p, _model(model), batch_size, sockets, context, plan)
+    emit(as_json, r.to_dict(), f"decode: {model} on {platform}")
+
+
+def predict_coe_cmd(
+    platform: Annotated[str, typer.Option(help="sn40l-node, dgx-a100 or dgx-h100")],
+    experts: Annotated[int, typer.Option(min=1, help="experts in the catalog")] = 150,
+    batch_size: BatchSizeOpt = 8,
+    output_tokens: Annotated[int, typer.Option(min=1)] = 20,
+    prompt_tokens: Annotated[int, typer.Option(min=1)] = TABLE_V_PROMPT_TOKENS,
+    expert_model: Annotated[str, typer.Option()] = "llama2-7b",
+    router_model: Annotated[str, typer.Option()] = "llama2-7b",
+    decode_plan: Annotated[
+        FusionPlan | None,
+        typer.Option(help="default: kernel-looped on SN40L, unfused on GPUs (Table V: fused-ho)"),
+    ] = None,
+    spec: SpecOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """A batch of Composition-of-Experts requests: router, switching, experts."""
+    models = {m: _model(m) for m in (expert_model, router_model)}
+    setting = CoeSetting(
+        experts=experts,
+        batch=batch_size,
+        output_tokens=output_tokens,
+        prompt_tokens=prompt_tokens,
+        expert_model=expert_model,
+        router_model=router_model,
+        decode_plan=decode_plan,
+    )
+    r = predict_coe(Predictor(load_platform(platform, spec)), setting, models)
+    data = r.to_dict()
+    data.pop("request_s")
+    data["request_s"] = r.request_s  # last: the table shows the scalars first
+    emit(as_json, data, f"CoE on {platform}")
+
+
+def predict_ddp_cmd(
+    model: Annotated[str, typer.Option(help="a model preset, or mlp / transformer")],
+    batch_per_rank: Annotated[int, typer.Option(min=1, help="samples per rank per step")] = 1,
+    sequence_length: Annotated[int, typer.Option(min=1, help="tokens per sample")] = 1024,
+    optimizer: Annotated[str, typer.Option(help="sgd or adam")] = "sgd",
+    platform: Annotated[str, typer.Option()] = "sn40l-rack16",
+    spec: SpecOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """DDP scaling at a fixed batch per rank: step time, all-reduce time and the part
+    backward does not hide, samples/s, for 1 to 16 ranks (16 crosses nodes)."""
+    w = TrainingWorkload.model_validate(
+        {
+            "model": model,
+            "world_size": 1,
+            "global_batch": batch_per_rank,
+            "sequence_length": sequence_length,
+            "optimizer": optimizer,
+        }
+    )
+    p = load_platform(platform, spec)
+    cost = step_cost(w, p, builtin_models())
+    check_fits(w, p, cost)
+    points = predict_scaling(w, p, builtin_models())
+    if as_json:
+        rows = [asdict(x) for x in points]
+        print(json.dumps({"model": model, "platform": p.name, "memory": cost.memory.to_dict(),
+                          "scaling": rows}))  # fmt: skip
+        return
+    table = Table(title=f"DDP {model} on {p.name}, {batch_per_rank} per rank")
+    for col in ("ranks", "step", "compute", "all-reduce", "exposed", "samples/s", "nodes"):
+        table.add_column(col, justify="right")
+    for x in points:
+        table.add_row(
+            str(x.world_size),
+            f"{x.step_s * 1e3:.3f} ms",
+            f"{x.compute_s * 1e3:.3f} ms",
+            f"{x.all_reduce_s * 1e3:.3f} ms",
+            f"{x.exposed_s * 1e3:.3f} ms",
+            f"{x.samples_per_s:,.1f}",
+            "2" if x.crosses_nodes else "1",
+        )
+    Console().print(table)
+
+
+def predict_footprint_cmd(
+    platform: Annotated[str, typer.Option()],
+    expert_model: Annotated[str, typer.Option()] = "llama2-7b",
+    experts: Annotated[int | None, typer.Option(min=1, help="how many nodes for N experts")] = None,
+    spec: SpecOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """How many experts a node holds where it serves them from; nodes for N."""
+    r = predict_footprint(load_platform(platform, spec), _model(expert_model), experts)
+    emit(as_json, r.to_dict(), f"footprint on {platform}")
+
+
+def spec_cmd(
+    platform: Annotated[str, typer.Option(help="sn40l-node, sn40l-rack16, dgx-a100, dgx-h100")],
+    spec: SpecOpt = None,
+    as_json: JsonOpt = False,
+    markdown: MarkdownOpt = False,
+) -> None:
+    """Every hardware number of a platform, with its source."""
+    p = load_platform(platform, spec)
+    rows = p.numbers()
+    if as_json:
+        print(
+            json.dumps(
+                {
+                    "platform": p.name,
+                    "numbers": [{"field": f, "value": v, "source": src} for f, v, src in rows],
+                }
+            )
+        )
+        return
+    if markdown:
+        print("| field | value | source |\n|---|---|---|")
+        for f, v, src in rows:
+            print(f"| `{f}` | {v:.4g} | {src} |")
+        return
+    table = Table(title=f"{p.name}: {p.description}")
+    for col in ("field", "value", "source"):
+        table.add_column(col)
+    for f, v, src in rows:
+        table.add_row(f, f"{v:.4g}", src)
+    Console().print(table)
+
+
+# --------------------------------------------------------------------- bench
+
+
+def _shown(value: float | tuple[float, float] | bool) -> str:
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, tuple):
+        return f"{value[0]:.3g} – {value[1]:.3g}"
+    return f"{value:.3g}"
+
+
+def bench_paper_cmd(
+    as_json: JsonOpt = False,
+    markdown: MarkdownOpt = False,
+    plot: Annotated[
+        Path | None,
+        typer.Option("--plot", help="also draw published against predicted: DIR/paper-figures.png"),
+    ] = None,
+) -> None:
+    """Each published figure beside the predicted one and the error."""
+    figures: list[Figure] = PaperStudy().figures()
+    if plot is not None:
+        from rdurack.traces.plots import plot_paper
+
+        drawn = plot_paper(figures, plot / "paper-figures.png")
+        # stderr: --json and --markdown keep stdout to the table alone.
+        print(f"wrote {drawn}", file=sys.stderr)
+    if as_json:
+        print(json.dumps([f.to_dict() for f in figures]))
+        return
+    if markdown:
+        print(to_markdown(figures), end="")
+        return
+    table = Table(title="Published figures, predicted from one parameter set")
+    for col in ("figure", "source", "published", "predicted", "error", "", "fitted"):
+        table.add_column(col)
+    for f in figures:
+        err = "" if f.error is None else f"{f.error:+.1%}"
+        table.add_row(
+            f.what + (f" ({f.unit})" if f.unit else ""),
+            f.source,
+            _shown(f.published),
+            _shown(f.predicted),
+            err,
+            "[green]ok[/]" if f.ok else "[red]MISS[/]",
+            "fitted" if f.fitted else "",
+        )
+    console = Console()
+    console.print(table)
+    ok = sum(f.ok for f in figures)
+    console.print(
+        f"{ok} of {len(figures)} figures reproduced (value figures within ±15%, ranges inside "
+        "the published range). 'fitted': used to choose an unpublished assumption, so "
+        "agreement is a consistency check; the others are predictions."
+    )
