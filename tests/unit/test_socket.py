@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 
 from rdurack.errors import InvalidRequest, LinkFailure, OutOfMemory, SocketBusy
+from rdurack.node_agent.collective_engine import _apply
 from rdurack.node_agent.mailbox import Message
-from rdurack.node_agent.socket import Run, Socket, _apply
+from rdurack.node_agent.socket import Run, Socket
 from rdurack.rack.collectives import (
     Algorithm,
     all_reduce_schedule,
@@ -291,7 +292,7 @@ def test_pacing_does_not_make_up_the_jump_to_a_jobs_start(monkeypatch: pytest.Mo
     """A job starts at the latest clock of its sockets; a socket whose clock was behind
     jumps there idle, and only the work after the jump is paced."""
     slept: list[float] = []
-    monkeypatch.setattr("rdurack.node_agent.socket.time.sleep", slept.append)
+    monkeypatch.setattr("rdurack.node_agent.timeline.pacing.time.sleep", slept.append)
     s = Socket("rdu-n0-s0", RACK, time_scale=2.0)
     try:
         s.reserve(JOB)

@@ -22,7 +22,7 @@ from opentelemetry.context import Context
 from opentelemetry.trace import Span
 from opentelemetry.util.types import AttributeValue
 
-from rdurack.node_agent.train_trace import TrainSpan
+from rdurack.node_agent.training.spans import TrainSpan
 from rdurack.rack.kernels import Phase
 from rdurack.telemetry import names
 from rdurack.workloads.program import Deploy, Kernel, Op, OpRun, Switch
