@@ -43,6 +43,7 @@ from rdurack.rack.collectives import Send as ScheduledSend
 from rdurack.rack.topology import SocketId, Topology, link_name
 
 COLLECTIVE_OPS = ("all_reduce", "broadcast", "all_gather", "barrier", "send")
+REDUCE_OPS = ("sum", "mean")  # what an all-reduce makes of the members' buffers
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,7 @@ class Plan:
     schedule: Schedule
     elements: int  # of the buffer each member holds
     itemsize: int  # bytes
+    mean: bool = False  # an all-reduce that divides the sum by the group's size
 
     @property
     def nbytes(self) -> int:
@@ -109,11 +111,14 @@ class CollectiveEngine:
         itemsize: int = 4,
         root: str | None = None,
         algorithm: str = "ring",
+        reduce_op: str = "sum",
     ) -> Plan:
         """The schedule every member derives identically from the same arguments: for
         `buffer` (functional mode), or `nbytes` of `itemsize` (timing mode: no buffer).
         `root`: the source of a broadcast or send (default: the first member)."""
-        check_op(op)
+        check(op, reduce_op)
+        if buffer is not None and reduce_op == "mean" and buffer.dtype.kind not in "fc":
+            raise InvalidRequest(f"a mean all-reduce needs floating point data, not {buffer.dtype}")
         topo = self.topology
         elements = buffer.size if buffer is not None else nbytes // itemsize
         itemsize = buffer.itemsize if buffer is not None else itemsize
@@ -139,7 +144,8 @@ class CollectiveEngine:
             src = SocketId.parse(root) if root else members[0]
             dst = members[1] if src == members[0] else members[0]
             schedule = ((ScheduledSend(src, dst, elements * itemsize, WHOLE, False),),)
-        return Plan(op, members, schedule, elements, itemsize)
+        mean = op == "all_reduce" and reduce_op == "mean"
+        return Plan(op, members, schedule, elements, itemsize, mean)
 
     def run(
         self,
@@ -160,6 +166,8 @@ class CollectiveEngine:
         except LinkFailure:
             self._endpoint.mailbox.discard(tag)
             raise
+        if plan.mean and buffer is not None:
+            buffer /= np.asarray(len(plan.members), dtype=buffer.dtype)
         return Exchanged(buffer, traffic)
 
     def _gather_buffer(self, data: np.ndarray, plan: Plan) -> np.ndarray:
@@ -258,10 +266,12 @@ class CollectiveEngine:
         )
 
 
-def check_op(op: str) -> None:
-    """Refuse an operation the engine does not run, naming those it does."""
+def check(op: str, reduce_op: str = "sum") -> None:
+    """Refuse an operation or a reduce op the engine does not run, naming those it does."""
     if op not in COLLECTIVE_OPS:
         raise InvalidRequest(f"unknown collective {op!r}; accepted: {', '.join(COLLECTIVE_OPS)}")
+    if reduce_op not in REDUCE_OPS:
+        raise InvalidRequest(f"unknown reduce op {reduce_op!r}; accepted: {', '.join(REDUCE_OPS)}")
 
 
 def _chunk(buffer: np.ndarray, send: ScheduledSend) -> np.ndarray:

@@ -25,11 +25,11 @@ import numpy as np
 from opentelemetry import trace
 
 from rdurack.errors import InvalidRequest, SocketBusy
-from rdurack.node_agent.collective_engine import CollectiveEngine, check_op
+from rdurack.node_agent.collective_engine import CollectiveEngine, check
 from rdurack.node_agent.generation import TinyExperts
 from rdurack.node_agent.job_memory import JobMemory, tier_named
 from rdurack.node_agent.link_server import LinkEndpoint
-from rdurack.node_agent.timeline.hardware_trace import HardwareTrace, kernel_attributes, op_span
+from rdurack.node_agent.timeline.hardware_trace import HardwareTrace, kernel_attributes
 from rdurack.node_agent.timeline.pacing import Pacer
 from rdurack.rack.clock import EmulatedClock
 from rdurack.rack.kernels import FusionPlan, Phase
@@ -42,7 +42,7 @@ from rdurack.telemetry import names
 from rdurack.telemetry.propagation import extract
 from rdurack.workloads.bundle import ProgramRunner
 from rdurack.workloads.predictor import Predictor
-from rdurack.workloads.program import Op, OpRun, ProgramRun
+from rdurack.workloads.program import Op, ProgramRun
 
 if TYPE_CHECKING:
     # Imported where a job trains (Socket.train): most sockets never do, and the
@@ -270,12 +270,7 @@ class Socket:
             job_id,
             run.start_ns,
             run.end_ns,
-            {
-                **kernel_attributes(model.name, phase, plan.value, steps, batch, seq),
-                names.ATTR_KERNEL_CALLS: run.kernel_calls,
-                names.ATTR_HBM_BYTES: run.hbm_bytes,
-                names.ATTR_FLOPS: run.flops,
-            },
+            kernel_attributes(model.name, phase, plan.value, steps, batch, seq, run),
         )
         return run
 
@@ -313,13 +308,7 @@ class Socket:
                 f"{self.name}: job {job_id} runs with a TP group of {self._program.group}, "
                 f"not {len(group)}"
             )
-
-        parent = extract(carrier)
-
-        def observe(op: Op, run: OpRun) -> None:
-            name, attributes = op_span(op, run)
-            self._trace.span(name, parent, job_id, run.start_ns, run.end_ns, attributes)
-
+        observe = self._trace.program(extract(carrier), job_id)
         self._pacer.meet(start_ns)
         program = self._program.run(ops, start_ns, self.slowdown, observe)
         self._pacer.pace()
@@ -382,24 +371,19 @@ class Socket:
         members = [SocketId.parse(g) for g in group]
         if self.id not in members:
             raise InvalidRequest(f"{self.name} is not in the group {group}")
-        check_op(op)
-        if reduce_op not in ("sum", "mean"):
-            raise InvalidRequest(f"unknown reduce op {reduce_op!r}; accepted: sum, mean")
+        check(op, reduce_op)
         data = self.get_tensor(job_id, tensor) if tensor else None
-        if data is not None and reduce_op == "mean" and data.dtype.kind not in "fc":
-            raise InvalidRequest(f"a mean all-reduce needs floating point data, not {data.dtype}")
         itemsize = np.dtype(data.dtype if data is not None else dtype).itemsize
         plan = self.engine.plan(
-            op, members, data, nbytes=nbytes, itemsize=itemsize, root=root, algorithm=algorithm
-        )
+            op, members, data, nbytes=nbytes, itemsize=itemsize, root=root,
+            algorithm=algorithm, reduce_op=reduce_op,
+        )  # fmt: skip
         self._pacer.meet(start_ns)
         start = self.clock.now_ns
         buffer, traffic = self.engine.run(tag, plan, self.clock, self.timeout_s, data)
-        if buffer is not None and data is not None and tensor is not None:
-            if op == "all_reduce" and reduce_op == "mean":
-                buffer /= np.asarray(len(members), dtype=buffer.dtype)
-            if op == "all_gather":
-                self._held.store(job_id, tensor, buffer.reshape((len(members), *data.shape)))
+        if op == "all_gather" and buffer is not None and data is not None and tensor:
+            # The result is larger: a new array, rank by rank.
+            self._held.store(job_id, tensor, buffer.reshape((len(members), *data.shape)))
         self._pacer.pace()
         run = Run(
             self.name,

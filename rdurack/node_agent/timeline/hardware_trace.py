@@ -5,7 +5,7 @@ A span is stamped at the wall time the job reserved the socket plus the emulated
 since the job's first operation on it, so its wall duration is its emulated duration.
 What each operation's span says lives here too: a program op's attributes, the links a
 collective sent on, one `rdu.transfer` span per send, and the tree of spans a training
-segment produced (node_agent/train_trace.py).
+segment produced (node_agent/training/spans.py).
 
 The bound on transfer spans: at most `MAX_TRANSFER_SPANS` per `rdu.collective`; the
 collective's span counts its sends and those left untraced.
@@ -14,8 +14,9 @@ collective's span counts its sends and those left untraced.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from opentelemetry import trace
 from opentelemetry.context import Context
@@ -151,6 +152,16 @@ class HardwareTrace:
                 },
             )
 
+    def program(self, parent: Context, job_id: str) -> Callable[[Op, OpRun], None]:
+        """What records a program's ops (ProgramRunner's `observe`): a span each,
+        children of `parent`."""
+
+        def observe(op: Op, run: OpRun) -> None:
+            name, attributes = op_span(op, run)
+            self.span(name, parent, job_id, run.start_ns, run.end_ns, attributes)
+
+        return observe
+
     def tree(
         self,
         spans: Sequence[TrainSpan],
@@ -171,10 +182,7 @@ def op_span(op: Op, run: OpRun) -> tuple[str, dict[str, AttributeValue]]:
     if isinstance(op, Kernel):
         return names.SPAN_KERNEL, {
             names.ATTR_KERNEL_ROLE: op.role,
-            **kernel_attributes(op.model, op.phase, op.plan.value, op.steps, op.batch, op.seq),
-            names.ATTR_KERNEL_CALLS: run.kernel_calls,
-            names.ATTR_HBM_BYTES: run.hbm_bytes,
-            names.ATTR_FLOPS: run.flops,
+            **kernel_attributes(op.model, op.phase, op.plan.value, op.steps, op.batch, op.seq, run),
         }
     if isinstance(op, Switch):
         return names.SPAN_EXPERT_SWITCH, {
@@ -197,11 +205,21 @@ def op_span(op: Op, run: OpRun) -> tuple[str, dict[str, AttributeValue]]:
     }
 
 
+class KernelFigures(Protocol):
+    """What a kernel did, measured (a socket's Run, a program's OpRun)."""
+
+    @property
+    def kernel_calls(self) -> int: ...
+    @property
+    def hbm_bytes(self) -> int: ...
+    @property
+    def flops(self) -> int: ...
+
+
 def kernel_attributes(
-    model: str, phase: Phase, plan: str, steps: int, batch: int, seq: int
+    model: str, phase: Phase, plan: str, steps: int, batch: int, seq: int, did: KernelFigures
 ) -> dict[str, AttributeValue]:
-    """What every `rdu.kernel` span says of the kernel it ran (its measured figures,
-    calls, bytes and FLOPs, are the caller's)."""
+    """What every `rdu.kernel` span says of the kernel it ran and what it did."""
     return {
         names.ATTR_JOB_MODEL: model,
         names.ATTR_JOB_PHASE: phase.value,
@@ -210,4 +228,7 @@ def kernel_attributes(
         names.ATTR_BATCH: batch,
         names.ATTR_SEQUENCE_LENGTH: seq,
         names.ATTR_TIER: KERNEL_TRAFFIC_TIER,
+        names.ATTR_KERNEL_CALLS: did.kernel_calls,
+        names.ATTR_HBM_BYTES: did.hbm_bytes,
+        names.ATTR_FLOPS: did.flops,
     }
