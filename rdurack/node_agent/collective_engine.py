@@ -3,10 +3,11 @@ socket's gRPC links.
 
 Every member of a group derives the same schedule from the same arguments (`plan`) and
 runs its part of it (`run`): each step's sends go on the wire, then the member takes
-the messages that step brings it. Functional mode sends real bytes (a buffer, reduced
-or copied in place), timing mode sized descriptors; both price every transfer by the
-link rule (rack/links.py) on the engine's link busy times, so the emulated time equals
-the predictor's.
+the messages that step brings it. Functional mode sends real bytes (a buffer, summed,
+averaged or copied in place), timing mode sized descriptors; both price every transfer
+by the link rule (rack/links.py) on the engine's link busy times, so the emulated time
+equals the predictor's. A call that fails on a link drops what its tag left in the
+mailbox.
 
 What a call runs on is given, never swapped on the socket: the clock it advances (the
 socket's, or a stream of its own: a training rank's communication stream) and how long

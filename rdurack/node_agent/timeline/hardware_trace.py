@@ -3,9 +3,10 @@
 
 A span is stamped at the wall time the job reserved the socket plus the emulated time
 since the job's first operation on it, so its wall duration is its emulated duration.
-What each operation's span says lives here too: a program op's attributes, the links a
-collective sent on, one `rdu.transfer` span per send, and the tree of spans a training
-segment produced (node_agent/training/spans.py).
+What each operation's span says lives here too: a kernel's and a program op's
+attributes (program ops recorded as they run), what a collective sent (`Traffic`, which
+the collective engine fills) with the links it sent on and one `rdu.transfer` span per
+send, and the tree of spans a training segment produced (node_agent/training/spans.py).
 
 The bound on transfer spans: at most `MAX_TRANSFER_SPANS` per `rdu.collective`; the
 collective's span counts its sends and those left untraced.
