@@ -32,14 +32,12 @@ class TinyExperts:
         engine: CollectiveEngine,
         clock: EmulatedClock,
     ) -> None:
-        self.job_id = job_id
-        self.me = me
-        self.group = group
         self._members = [SocketId.parse(g) for g in group]
-        self._engine = engine
-        self._clock = clock
+        self._rank, self._size = group.index(me), len(group)  # its shard of each expert
         self._shards: dict[str, TinyLMShard] = {}  # expert -> this socket's shard
-        self._calls = 0  # all-reduces so far: their tags, the same on every rank
+        self._engine, self._clock = engine, clock
+        self._tags = f"{job_id}/generate"  # and a count: the same on every rank
+        self._calls = 0  # all-reduces so far
 
     def generate(self, op: Generate, share: BundleShare, timeout_s: float) -> tuple[int, ...]:
         """Greedy generation by `op`'s expert, whose seed the bundle `share` holds;
@@ -52,14 +50,14 @@ class TinyExperts:
                 )
             seed = share.op.expert_seeds[experts.index(op.expert)]
             model = TinyLM(TinyLMConfig(), seed)
-            self._shards[op.expert] = model.shard(self.group.index(self.me), len(self.group))
+            self._shards[op.expert] = model.shard(self._rank, self._size)
         scratch = EmulatedClock(self._clock.now_ns)
 
         def all_reduce(partial: np.ndarray) -> np.ndarray:
             # Ring: every rank gets bitwise the same sum, so their argmaxes agree.
             buffer = np.array(partial, dtype=np.float64, copy=True).reshape(-1)
             self._calls += 1
-            tag = f"{self.job_id}/generate/{self._calls}"
+            tag = f"{self._tags}/{self._calls}"
             engine = self._engine.scratch()
             engine.run(
                 tag, engine.plan("all_reduce", self._members, buffer), scratch, timeout_s, buffer

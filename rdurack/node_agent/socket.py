@@ -270,7 +270,12 @@ class Socket:
             job_id,
             run.start_ns,
             run.end_ns,
-            kernel_attributes(model.name, phase, plan.value, steps, batch, seq, run),
+            {
+                **kernel_attributes(model.name, phase, plan.value, steps, batch, seq),
+                names.ATTR_KERNEL_CALLS: run.kernel_calls,
+                names.ATTR_HBM_BYTES: run.hbm_bytes,
+                names.ATTR_FLOPS: run.flops,
+            },
         )
         return run
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
 
 from opentelemetry import trace
 from opentelemetry.context import Context
@@ -183,7 +182,10 @@ def op_span(op: Op, run: OpRun) -> tuple[str, dict[str, AttributeValue]]:
     if isinstance(op, Kernel):
         return names.SPAN_KERNEL, {
             names.ATTR_KERNEL_ROLE: op.role,
-            **kernel_attributes(op.model, op.phase, op.plan.value, op.steps, op.batch, op.seq, run),
+            **kernel_attributes(op.model, op.phase, op.plan.value, op.steps, op.batch, op.seq),
+            names.ATTR_KERNEL_CALLS: run.kernel_calls,
+            names.ATTR_HBM_BYTES: run.hbm_bytes,
+            names.ATTR_FLOPS: run.flops,
         }
     if isinstance(op, Switch):
         return names.SPAN_EXPERT_SWITCH, {
@@ -206,21 +208,11 @@ def op_span(op: Op, run: OpRun) -> tuple[str, dict[str, AttributeValue]]:
     }
 
 
-class KernelFigures(Protocol):
-    """What a kernel did, measured (a socket's Run, a program's OpRun)."""
-
-    @property
-    def kernel_calls(self) -> int: ...
-    @property
-    def hbm_bytes(self) -> int: ...
-    @property
-    def flops(self) -> int: ...
-
-
 def kernel_attributes(
-    model: str, phase: Phase, plan: str, steps: int, batch: int, seq: int, did: KernelFigures
+    model: str, phase: Phase, plan: str, steps: int, batch: int, seq: int
 ) -> dict[str, AttributeValue]:
-    """What every `rdu.kernel` span says of the kernel it ran and what it did."""
+    """What every `rdu.kernel` span says of the kernel it ran (its measured figures,
+    calls, bytes and FLOPs, are the caller's)."""
     return {
         names.ATTR_JOB_MODEL: model,
         names.ATTR_JOB_PHASE: phase.value,
@@ -229,7 +221,4 @@ def kernel_attributes(
         names.ATTR_BATCH: batch,
         names.ATTR_SEQUENCE_LENGTH: seq,
         names.ATTR_TIER: KERNEL_TRAFFIC_TIER,
-        names.ATTR_KERNEL_CALLS: did.kernel_calls,
-        names.ATTR_HBM_BYTES: did.hbm_bytes,
-        names.ATTR_FLOPS: did.flops,
     }
