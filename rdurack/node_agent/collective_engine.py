@@ -71,29 +71,28 @@ class Exchanged(NamedTuple):
 
 
 class CollectiveEngine:
-    """The collectives of socket `me` over `endpoint`'s links."""
+    """The collectives of socket `me` over `endpoint`'s links, with link busy times of
+    its own: the ones its sends take and leave."""
 
     def __init__(
         self,
         me: SocketId,
         topology: Topology,
         endpoint: LinkEndpoint,
-        links: Links | None = None,
         delays_ns: dict[str, int] | None = None,
     ) -> None:
-        """`links`: the busy times its sends take and leave (default: fresh ones, the
-        socket's own). `delays_ns`: extra latency per peer (a fault), shared with the
-        engines made from this one."""
+        """`delays_ns`: extra latency per peer (a fault), shared with the engines made
+        from this one."""
         self.me = me
         self.topology = topology
         self._endpoint = endpoint
-        self._links = links if links is not None else Links(topology)
+        self._links = Links(topology)
         self._delays_ns = delays_ns if delays_ns is not None else {}
 
     def scratch(self) -> CollectiveEngine:
         """An engine over the same links with fresh busy times: its transfers leave no
         trace on this one's (bookkeeping the emulated hardware does not make)."""
-        return CollectiveEngine(self.me, self.topology, self._endpoint, None, self._delays_ns)
+        return CollectiveEngine(self.me, self.topology, self._endpoint, self._delays_ns)
 
     def set_delay(self, peer: str, extra_latency_ns: int) -> None:
         """Transfers to `peer` arrive `extra_latency_ns` later (0: no delay)."""
