@@ -7,9 +7,10 @@ its clock by what the rack/ timing model says; programs run on it as
 workloads/bundle.py says, a functional Generate op with real all-reduces
 (node_agent/generation.py); collectives run over its gRPC links on its clock
 (node_agent/collective_engine.py); a training job runs as a DDP rank on it
-(node_agent/training/, imported only when a job trains). With `time_scale` > 0 the
-socket paces wall time to its emulated time. Fault hooks slow its kernels, take a link
-down or delay it.
+(node_agent/training/, imported only when a job trains). With `time_scale` > 0 its
+calls return when wall time has caught up with their emulated time
+(node_agent/timeline/pacing.py). Fault hooks slow its kernels, take a link down or
+delay it.
 
 Every kernel, program op, collective (with its sends) and training segment (with its
 steps and checkpoints) is a span on the emulated timeline, child of the caller's
