@@ -16,7 +16,7 @@ from rdurack.api.node_gateway import GrpcNodeGateway
 from rdurack.api.server import Server, channel
 from rdurack.cli.views import job_dict
 from rdurack.client.training import run_training_loop
-from rdurack.node_agent.rank import TrainContext
+from rdurack.node_agent.training.user_loop import TrainContext
 from rdurack.orchestrator.orchestrator import Orchestrator
 from rdurack.orchestrator.store import JobStore
 from rdurack.rack.models import builtin_models

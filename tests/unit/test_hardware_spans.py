@@ -1,4 +1,4 @@
-"""What a socket's hardware spans say (node_agent/hardware_trace.py, train_trace.py):
+"""What a socket's hardware spans say (node_agent/timeline/hardware_trace.py, training/):
 FLOPs and tier on kernels, links and a span per send on collectives, and a DDP rank's
 steps, gradient all-reduces and checkpoints, nested on the emulated timeline and
 bounded. Sockets without Ray, real gRPC links, an in-memory exporter per test."""
@@ -16,9 +16,14 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from rdurack.node_agent.hardware_trace import MAX_TRANSFER_SPANS, HardwareTrace, Sent, Traffic
 from rdurack.node_agent.socket import Socket
-from rdurack.node_agent.train_trace import MAX_TRACED_STEPS, traced
+from rdurack.node_agent.timeline.hardware_trace import (
+    MAX_TRANSFER_SPANS,
+    HardwareTrace,
+    Sent,
+    Traffic,
+)
+from rdurack.node_agent.training.spans import MAX_TRACED_STEPS, traced
 from rdurack.rack.kernels import FusionPlan, Phase
 from rdurack.rack.models import model
 from rdurack.rack.presets import platform

@@ -12,8 +12,10 @@ import numpy as np
 import pytest
 
 from rdurack.errors import InvalidRequest, LinkFailure, OutOfMemory, SocketBusy
+from rdurack.node_agent.collective_engine import _apply
 from rdurack.node_agent.mailbox import Message
-from rdurack.node_agent.socket import Run, Socket, _apply
+from rdurack.node_agent.socket import Run, Socket
+from rdurack.rack.clock import EmulatedClock
 from rdurack.rack.collectives import (
     Algorithm,
     all_reduce_schedule,
@@ -291,7 +293,7 @@ def test_pacing_does_not_make_up_the_jump_to_a_jobs_start(monkeypatch: pytest.Mo
     """A job starts at the latest clock of its sockets; a socket whose clock was behind
     jumps there idle, and only the work after the jump is paced."""
     slept: list[float] = []
-    monkeypatch.setattr("rdurack.node_agent.socket.time.sleep", slept.append)
+    monkeypatch.setattr("rdurack.node_agent.timeline.pacing.time.sleep", slept.append)
     s = Socket("rdu-n0-s0", RACK, time_scale=2.0)
     try:
         s.reserve(JOB)
@@ -317,3 +319,32 @@ def test_received_parts_apply_in_order_even_off_element_boundaries(reduce: bool)
         target = np.ones(10, dtype=np.float32)
         _apply(target, msg, reduce)
         np.testing.assert_array_equal(target, values + 1 if reduce else values)
+
+
+def test_a_collective_on_a_clock_of_its_own_leaves_the_sockets_clock_alone(
+    sockets: dict[str, Socket],
+) -> None:
+    """The engine advances the clock a call is given (a rank's communication stream),
+    never the socket's; scratch link busy times leave the socket's links free."""
+    members = [SocketId.parse(i) for i in IDS]
+    schedule = all_reduce_schedule(Topology(RACK), members, 1 << 18, 4, Algorithm.RING)
+    start = max(s.clock.now_ns for s in sockets.values()) + 1000
+
+    def on_stream(s: Socket, scratch: bool) -> int:
+        engine = s.engine.scratch() if scratch else s.engine
+        stream = EmulatedClock(start)
+        plan = engine.plan("all_reduce", members, nbytes=1 << 20, itemsize=4)
+        engine.run(f"stream-{scratch}", plan, stream, 5.0)
+        return stream.now_ns
+
+    before = {sid: s.clock.now_ns for sid, s in sockets.items()}
+    with ThreadPoolExecutor(len(sockets)) as pool:
+        ends = list(pool.map(lambda s: on_stream(s, True), sockets.values(), timeout=30))
+    assert max(ends) == max(simulate(Topology(RACK), schedule, start).values())
+    assert {sid: s.clock.now_ns for sid, s in sockets.items()} == before
+    # The scratch run took no busy time on the socket's links: a run on them from the
+    # same start takes as long.
+    with ThreadPoolExecutor(len(sockets)) as pool:
+        again = list(pool.map(lambda s: on_stream(s, False), sockets.values(), timeout=30))
+    assert again == ends
+    assert {sid: s.clock.now_ns for sid, s in sockets.items()} == before

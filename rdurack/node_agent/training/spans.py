@@ -1,5 +1,6 @@
 """What a DDP rank's training leaves for its trace: spans on the socket's emulated
-timeline, gathered while the rank runs and emitted by the socket after each segment.
+timeline, gathered while the rank runs and emitted after each segment
+(training/recorder.py).
 
 - Stage and block-freeze spans sit beside the segment's `rdu.train` span (a stage may
   cover several segments).
@@ -12,8 +13,9 @@ The bound: a rank traces at most `MAX_TRACED_STEPS` steps per job, evenly spaced
 each segment says how many of its steps it left untraced. Gradient all-reduces make no
 per-transfer spans: a step's all-reduce span names the links it sent on instead.
 
-This module imports no training code: a socket imports it at its start, and the
-training stack only when a job trains (node_agent/socket.py).
+This module imports no training code: a socket imports it at its start (through
+timeline/hardware_trace.py, which draws these spans), and the training stack only when a
+job trains (node_agent/socket.py).
 """
 
 from __future__ import annotations
@@ -60,12 +62,3 @@ class GradientWindow:
     bytes_sent: int = 0  # over this rank's links
     bytes_received: int = 0
     links: dict[str, str] = field(default_factory=dict)  # link sent on -> kind, first first
-
-
-@dataclass
-class RankSpans:
-    """What a segment of a rank's training leaves to trace (`RankRunner.take_spans`)."""
-
-    beside: list[TrainSpan]  # stages and block freezes: siblings of the segment's span
-    inside: list[TrainSpan]  # steps (with their all-reduces) and checkpoints
-    untraced_steps: int  # steps the segment ran that have no span (the bound)

@@ -3,9 +3,10 @@
 
 A span is stamped at the wall time the job reserved the socket plus the emulated time
 since the job's first operation on it, so its wall duration is its emulated duration.
-What each operation's span says lives here too: a program op's attributes, the links a
-collective sent on, one `rdu.transfer` span per send, and the tree of spans a training
-segment produced (node_agent/train_trace.py).
+What each operation's span says lives here too: a kernel's and a program op's
+attributes (program ops recorded as they run), what a collective sent (`Traffic`, which
+the collective engine fills) with the links it sent on and one `rdu.transfer` span per
+send, and the tree of spans a training segment produced (node_agent/training/spans.py).
 
 The bound on transfer spans: at most `MAX_TRANSFER_SPANS` per `rdu.collective`; the
 collective's span counts its sends and those left untraced.
@@ -14,7 +15,7 @@ collective's span counts its sends and those left untraced.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from opentelemetry import trace
@@ -22,7 +23,7 @@ from opentelemetry.context import Context
 from opentelemetry.trace import Span
 from opentelemetry.util.types import AttributeValue
 
-from rdurack.node_agent.train_trace import TrainSpan
+from rdurack.node_agent.training.spans import TrainSpan
 from rdurack.rack.kernels import Phase
 from rdurack.telemetry import names
 from rdurack.workloads.program import Deploy, Kernel, Op, OpRun, Switch
@@ -150,6 +151,16 @@ class HardwareTrace:
                     names.ATTR_COLLECTIVE_TAG: tag,
                 },
             )
+
+    def program(self, parent: Context, job_id: str) -> Callable[[Op, OpRun], None]:
+        """What records a program's ops (ProgramRunner's `observe`): a span each,
+        children of `parent`."""
+
+        def observe(op: Op, run: OpRun) -> None:
+            name, attributes = op_span(op, run)
+            self.span(name, parent, job_id, run.start_ns, run.end_ns, attributes)
+
+        return observe
 
     def tree(
         self,

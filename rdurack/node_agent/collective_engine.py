@@ -1,0 +1,301 @@
+"""A socket's collective engine: the schedules of rack/collectives.py run over the
+socket's gRPC links.
+
+Every member of a group derives the same schedule from the same arguments (`plan`) and
+runs its part of it (`run`): each step's sends go on the wire, then the member takes
+the messages that step brings it. Functional mode sends real bytes (a buffer, summed,
+averaged or copied in place), timing mode sized descriptors; both price every transfer
+by the link rule (rack/links.py) on the engine's link busy times, so the emulated time
+equals the predictor's. A call that fails on a link drops what its tag left in the
+mailbox.
+
+What a call runs on is given, never swapped on the socket: the clock it advances (the
+socket's, or a stream of its own: a training rank's communication stream) and how long
+it waits for a peer (wall seconds) per call; the link busy times per engine (the
+socket's own sends, or fresh ones from `scratch` for bookkeeping exchanges that the
+emulated hardware does not make). A delayed link (a fault) adds its latency to every
+transfer on it, whichever engine sends.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+
+from rdurack.errors import InvalidRequest, LinkFailure
+from rdurack.node_agent.link_server import LinkEndpoint, OutgoingTransfer, Sends
+from rdurack.node_agent.mailbox import Message
+from rdurack.node_agent.timeline.hardware_trace import Sent, Traffic
+from rdurack.rack.clock import EmulatedClock
+from rdurack.rack.collectives import (
+    WHOLE,
+    Algorithm,
+    Links,
+    Schedule,
+    all_gather_schedule,
+    all_reduce_schedule,
+    barrier_schedule,
+    broadcast_schedule,
+    split,
+)
+from rdurack.rack.collectives import Send as ScheduledSend
+from rdurack.rack.topology import SocketId, Topology, link_name
+
+COLLECTIVE_OPS = ("all_reduce", "broadcast", "all_gather", "barrier", "send")
+REDUCE_OPS = ("sum", "mean")  # what an all-reduce makes of the members' buffers
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One collective as every member of its group derives it."""
+
+    op: str
+    members: list[SocketId]  # rank order
+    schedule: Schedule
+    elements: int  # of the buffer each member holds
+    itemsize: int  # bytes
+    mean: bool = False  # an all-reduce that divides the sum by the group's size
+
+    @property
+    def nbytes(self) -> int:
+        return self.elements * self.itemsize
+
+
+class Exchanged(NamedTuple):
+    """What a member's part of a collective left: its result and its traffic."""
+
+    buffer: np.ndarray | None  # flat; all-gather's is new, the others' the buffer given
+    traffic: Traffic
+
+
+class CollectiveEngine:
+    """The collectives of socket `me` over `endpoint`'s links, with link busy times of
+    its own: the ones its sends take and leave."""
+
+    def __init__(
+        self,
+        me: SocketId,
+        topology: Topology,
+        endpoint: LinkEndpoint,
+        delays_ns: dict[str, int] | None = None,
+    ) -> None:
+        """`delays_ns`: extra latency per peer (a fault), shared with the engines made
+        from this one."""
+        self.me = me
+        self.topology = topology
+        self._endpoint = endpoint
+        self._links = Links(topology)
+        self._delays_ns = delays_ns if delays_ns is not None else {}
+
+    def scratch(self) -> CollectiveEngine:
+        """An engine over the same links with fresh busy times: its transfers leave no
+        trace on this one's (bookkeeping the emulated hardware does not make)."""
+        return CollectiveEngine(self.me, self.topology, self._endpoint, self._delays_ns)
+
+    def set_delay(self, peer: str, extra_latency_ns: int) -> None:
+        """Transfers to `peer` arrive `extra_latency_ns` later (0: no delay)."""
+        if extra_latency_ns:
+            self._delays_ns[peer] = extra_latency_ns
+        else:
+            self._delays_ns.pop(peer, None)
+
+    def plan(
+        self,
+        op: str,
+        members: list[SocketId],
+        buffer: np.ndarray | None = None,
+        *,
+        nbytes: int = 0,
+        itemsize: int = 4,
+        root: str | None = None,
+        algorithm: str = "ring",
+        reduce_op: str = "sum",
+    ) -> Plan:
+        """The schedule every member derives identically from the same arguments: for
+        `buffer` (functional mode), or `nbytes` of `itemsize` (timing mode: no buffer).
+        `root`: the source of a broadcast or send (default: the first member)."""
+        check(op, reduce_op)
+        if buffer is not None and reduce_op == "mean" and buffer.dtype.kind not in "fc":
+            raise InvalidRequest(f"a mean all-reduce needs floating point data, not {buffer.dtype}")
+        topo = self.topology
+        elements = buffer.size if buffer is not None else nbytes // itemsize
+        itemsize = buffer.itemsize if buffer is not None else itemsize
+        if op == "all_reduce":
+            try:
+                alg = Algorithm(algorithm)
+            except ValueError:
+                accepted = ", ".join(a.value for a in Algorithm)
+                raise InvalidRequest(
+                    f"unknown algorithm {algorithm!r}; accepted: {accepted}"
+                ) from None
+            schedule = all_reduce_schedule(topo, members, elements, itemsize, alg)
+        elif op == "broadcast":
+            src = SocketId.parse(root) if root else members[0]
+            schedule = broadcast_schedule(topo, members, src, elements, itemsize)
+        elif op == "all_gather":
+            schedule = all_gather_schedule(topo, members, elements, itemsize)
+        elif op == "barrier":
+            schedule = barrier_schedule(topo, members)
+        else:  # send: root sends to the other member of a two-member group
+            if len(members) != 2:
+                raise InvalidRequest(f"send needs a group of two sockets, got {len(members)}")
+            src = SocketId.parse(root) if root else members[0]
+            dst = members[1] if src == members[0] else members[0]
+            schedule = ((ScheduledSend(src, dst, elements * itemsize, WHOLE, False),),)
+        mean = op == "all_reduce" and reduce_op == "mean"
+        return Plan(op, members, schedule, elements, itemsize, mean)
+
+    def run(
+        self,
+        tag: str,
+        plan: Plan,
+        clock: EmulatedClock,
+        timeout_s: float,
+        buffer: np.ndarray | None = None,
+    ) -> Exchanged:
+        """This socket's part of `plan` on `clock`, waiting at most `timeout_s` wall
+        seconds for each message. `buffer` (functional mode; contiguous) is reduced or
+        copied in place, but for all-gather's result, which is larger."""
+        if buffer is not None:
+            buffer = self._gather_buffer(buffer, plan) if plan.op == "all_gather" else buffer
+            buffer = buffer.reshape(-1)
+        try:
+            traffic = self._execute(tag, plan, clock, timeout_s, buffer)
+        except LinkFailure:
+            self._endpoint.mailbox.discard(tag)
+            raise
+        if plan.mean and buffer is not None:
+            buffer /= np.asarray(len(plan.members), dtype=buffer.dtype)
+        return Exchanged(buffer, traffic)
+
+    def _gather_buffer(self, data: np.ndarray, plan: Plan) -> np.ndarray:
+        """All-gather's output: block b travels as the block of ring position b."""
+        flat = data.reshape(-1)
+        out = np.zeros(len(plan.members) * flat.size, dtype=flat.dtype)
+        pos = self.topology.ring(plan.members).index(self.me)
+        out[pos * flat.size : (pos + 1) * flat.size] = flat
+        return out
+
+    def _execute(
+        self,
+        tag: str,
+        plan: Plan,
+        clock: EmulatedClock,
+        timeout_s: float,
+        buffer: np.ndarray | None,
+    ) -> Traffic:
+        me = self.me
+        traffic = Traffic()
+        # Sends go on the wire and the socket takes its incoming messages at once: each
+        # step waits for its input, not for its own acknowledgements too. They are all
+        # collected at the end; one that failed ends the wait for a reply at once.
+        pending: list[Sends] = []
+
+        def failed() -> LinkFailure | None:
+            return next((e for p in pending if (e := p.failure()) is not None), None)
+
+        try:
+            for index, step in enumerate(plan.schedule):
+                outgoing = [
+                    self._send(tag, index, s, clock.now_ns, buffer, traffic)
+                    for s in step
+                    if s.src == me
+                ]
+                if outgoing:
+                    sends = self._endpoint.start_all(outgoing, timeout_s=timeout_s)
+                    pending.append(sends)
+                    if sends.reads_payload:
+                        sends.wait()
+                for s in (s for s in step if s.dst == me):
+                    msg = self._endpoint.receive(tag, index, str(s.src), timeout_s, give_up=failed)
+                    clock.advance_to(msg.arrival_ns)
+                    traffic.bytes_received += s.nbytes
+                    if buffer is not None and msg.parts is not None:
+                        _apply(_chunk(buffer, s), msg, s.reduce)
+            for sends in pending:
+                sends.wait()
+        except LinkFailure:
+            for sends in pending:
+                sends.cancel()
+            raise
+        if plan.op == "all_gather" and buffer is not None:
+            # Reorder blocks from ring positions to rank order.
+            ring = self.topology.ring(plan.members)
+            block = buffer.size // len(plan.members)
+            ordered = np.concatenate(
+                [buffer[ring.index(m) * block : (ring.index(m) + 1) * block] for m in plan.members]
+            )
+            buffer[...] = ordered
+        return traffic
+
+    def _send(
+        self,
+        tag: str,
+        step: int,
+        s: ScheduledSend,
+        now_ns: int,
+        buffer: np.ndarray | None,
+        traffic: Traffic,
+    ) -> OutgoingTransfer:
+        """One send of a step, priced by the link rule and counted in `traffic`."""
+        _, arrival = self._links.state(self.me, s.dst).transmit(now_ns, s.nbytes)
+        arrival += self._delays_ns.get(str(s.dst), 0)  # a delayed link (fault)
+        traffic.bytes_sent += s.nbytes
+        traffic.sends.append(
+            Sent(
+                link_name(self.me, s.dst),
+                self.topology.kind(self.me, s.dst).value,
+                now_ns,
+                arrival,
+                s.nbytes,
+            )
+        )
+        return OutgoingTransfer(
+            dst=str(s.dst),
+            tag=tag,
+            step=step,
+            send_ns=now_ns,
+            arrival_ns=arrival,
+            nbytes=s.nbytes,
+            # A view, no copy: start_all copies it into its message, or (streamed) is
+            # waited for before the buffer changes.
+            payload=None if buffer is None else _chunk(buffer, s).data,
+            dtype=str(buffer.dtype) if buffer is not None else "",
+        )
+
+
+def check(op: str, reduce_op: str = "sum") -> None:
+    """Refuse an operation or a reduce op the engine does not run, naming those it does."""
+    if op not in COLLECTIVE_OPS:
+        raise InvalidRequest(f"unknown collective {op!r}; accepted: {', '.join(COLLECTIVE_OPS)}")
+    if reduce_op not in REDUCE_OPS:
+        raise InvalidRequest(f"unknown reduce op {reduce_op!r}; accepted: {', '.join(REDUCE_OPS)}")
+
+
+def _chunk(buffer: np.ndarray, send: ScheduledSend) -> np.ndarray:
+    """The part of `buffer` a send carries: chunk `send.chunk` of `send.parts`, split by
+    the same rule the schedule used for its byte counts."""
+    if send.chunk == WHOLE:
+        return buffer
+    sizes = split(buffer.size, send.parts)
+    lo = sum(sizes[: send.chunk])
+    return buffer[lo : lo + sizes[send.chunk]]
+
+
+def _apply(target: np.ndarray, msg: Message, reduce: bool) -> None:
+    """Add (`reduce`) or copy a received message's data into `target`, part by part as
+    it arrived: no copy of the whole message first."""
+    parts = msg.parts or ()
+    if any(len(p) % target.itemsize for p in parts[:-1]):
+        parts = (msg.payload or b"",)  # parts not on element boundaries: join them
+    offset = 0
+    for part in parts:
+        incoming = np.frombuffer(part, dtype=target.dtype)
+        piece = target[offset : offset + incoming.size]
+        if reduce:
+            piece += incoming
+        else:
+            piece[...] = incoming
+        offset += incoming.size

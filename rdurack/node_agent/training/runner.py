@@ -1,0 +1,245 @@
+"""`RankRunner`: one rank of one training job on a socket, run in segments of steps
+(the orchestrator sees progress between them), each segment traced.
+
+What it runs: the built-in loop (workloads/training/loop.py) for numpy models, its
+passes timed on the socket's clock (training/timed.py); a timing-only loop of the same
+shape for model presets (DDP's traffic and compute as descriptors, no numbers); or a
+client's own function (`loop`, training/user_loop.py) once. Collectives go over the
+process group on the socket's links (training/backend.py), each waiting at most the
+workload's `wall_timeout_s` for a peer.
+
+Memory: the built-in loop accounts what it holds, stage by stage, on the socket's tiers
+(workloads/training/memory.py; a progressive stage change moves weights between HBM and
+DDR, which takes the copy's emulated time); a preset or a client's loop holds its
+planned memory for the whole job. Either way under the job's HBM cap. A job on another
+platform (a DGX) takes that platform's socket memory instead of the socket's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from pathlib import Path
+from typing import Any
+
+from opentelemetry.context import Context
+
+from rdurack.errors import InvalidRequest
+from rdurack.node_agent.timeline.hardware_trace import HardwareTrace
+from rdurack.node_agent.training.backend import LinkBackend
+from rdurack.node_agent.training.host import RankHost
+from rdurack.node_agent.training.recorder import RankRecorder
+from rdurack.node_agent.training.timed import TimedModel, backward, forward
+from rdurack.node_agent.training.user_loop import run_user_loop
+from rdurack.rack.clock import seconds_to_ns
+from rdurack.rack.memory import TieredMemory
+from rdurack.rack.models import ModelSpec
+from rdurack.rack.presets import platform as preset
+from rdurack.rack.spec import PlatformSpec, Tier
+from rdurack.workloads.training.job import RankReport, TrainingWorkload, model_cost, step_cost
+from rdurack.workloads.training.loop import (
+    CheckpointEvent,
+    RankContext,
+    RankResult,
+    StageEvent,
+    StepInfo,
+    train_steps,
+)
+from rdurack.workloads.training.memory import MemoryAccount
+from rdurack.workloads.training.models import Model
+
+
+class RankRunner:
+    """One rank of one training job on `socket`."""
+
+    def __init__(
+        self,
+        socket: RankHost,
+        job_id: str,
+        w: TrainingWorkload,
+        platform_name: str,
+        group: list[str],
+        models: dict[str, ModelSpec],
+        checkpoint_dir: str = "",
+        loop: bytes = b"",
+    ) -> None:
+        if socket.name not in group:
+            raise InvalidRequest(f"{socket.name} is not a rank of {group}")
+        self.socket = socket
+        self.job_id = job_id
+        self.w = w
+        self.group = group
+        self.rank = group.index(socket.name)
+        self.platform: PlatformSpec = (
+            socket.platform
+            if platform_name in ("", socket.platform.name)
+            else preset(platform_name)
+        )
+        self.memory = (
+            socket.memory
+            if self.platform is socket.platform
+            else TieredMemory(socket.name, self.platform.socket)
+        )
+        self.cost = step_cost(w, self.platform, models)
+        self.backend = LinkBackend(
+            socket.engine, socket.clock, job_id, group, self.rank, w.wall_timeout_s
+        )
+        self.backend.set_timeout(w.timeout_s)
+        self.recorder = RankRecorder(self.rank, w.blocks)
+        self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else None
+        self._loop = loop
+        self._start_ns = socket.clock.now_ns
+        self._steps: Generator[StepInfo, None, RankResult | None] | None = None
+        self._step = StepInfo(0, 0, 0.0)
+        self._result: dict[str, Any] | None = None
+        self._loop_result = b""
+        self.account = MemoryAccount(self.memory, f"{job_id}/train/", w.hbm_cap_bytes)
+        # The built-in loop accounts its own arrays; the others hold the plan.
+        self._accounted = w.functional and not loop
+        if not self._accounted:
+            self.account.place(
+                {
+                    part: (Tier.HBM, nbytes)
+                    for part, nbytes in self.cost.memory.to_dict().items()
+                    if part != "total" and nbytes
+                }
+            )
+            self.account.begin_stage()
+            self.account.mark()
+
+    def advance(
+        self, steps: int, hardware: HardwareTrace, parent: Context, start_ns: int | None = None
+    ) -> RankReport:
+        """Run up to `steps` more steps (0: to the end) from `start_ns` (default: the
+        socket's clock), and trace them on `hardware`, children of `parent`."""
+        clock = self.socket.clock
+        if start_ns is not None:
+            clock.advance_to(start_ns)
+            if self._steps is None:
+                self._start_ns = clock.now_ns
+        began = clock.now_ns
+        losses = self._run(steps)
+        if not self._accounted:
+            self.account.end_stage()
+        report = self._report(losses)
+        self.recorder.segment(hardware, parent, self.job_id, self.w.model, began, report)
+        return report
+
+    def _run(self, steps: int) -> list[float]:
+        """Up to `steps` more steps (0: to the end), or the client's loop; their losses."""
+        losses: list[float] = []
+        if self._result is not None:
+            return losses
+        if self._loop:
+            self._loop_result = run_user_loop(
+                self._loop, self.backend, self.socket.name, self.checkpoint_dir
+            )
+            self._result = {"rank": self.rank, "device": self.socket.name}
+            return losses
+        if self._steps is None:
+            self._steps = self._make_steps()
+        while steps == 0 or len(losses) < steps:
+            try:
+                self._step = next(self._steps)
+            except StopIteration as end:
+                result = end.value
+                self._result = result.to_dict() if result is not None else {}
+                break
+            losses.append(self._step.loss)
+            self._end_step(self._step)
+        return losses
+
+    def _report(self, losses: list[float]) -> RankReport:
+        b = self.backend
+        outcome = self._result or {}
+        stages = zip(outcome.get("stages", []), self.recorder.stage_ns, strict=False)
+        for stage, (began, ended) in stages:
+            stage["emulated_s"] = (ended - began) * 1e-9
+        return RankReport(
+            socket_id=self.socket.name,
+            rank=self.rank,
+            step=self._step.step,
+            total=self._step.total,
+            finished=self._result is not None,
+            losses=losses,
+            start_ns=self._start_ns,
+            end_ns=self.socket.clock.now_ns,
+            steps_began_ns=b.steps_began_ns or self._start_ns,
+            compute_ns=seconds_to_ns(b.compute_s),
+            all_reduce_ns=b.all_reduce_ns,
+            exposed_ns=b.exposed_ns,
+            memory=self.cost.memory.to_dict(),
+            hbm_peak_bytes=self.account.peaks[Tier.HBM.value],
+            result=outcome,
+            loop_result=self._loop_result,
+            peak_bytes=dict(self.account.peaks),
+            stage=self._step.stage,
+        )
+
+    def _make_steps(self) -> Generator[StepInfo, None, RankResult | None]:
+        if self.w.functional:
+            ctx = RankContext(
+                self.backend,
+                self.rank,
+                self.socket.name,
+                self.checkpoint_dir,
+                wrap=self._timed,
+                memory=self.account,
+                on_stage=self._on_stage,
+                on_checkpoint=self._on_checkpoint,
+            )
+            return self._functional(ctx)
+        return self._timing()
+
+    def _timed(self, model: Model) -> Model:
+        """`model` (a stage's) with passes that take the timing model's time."""
+        cost = model_cost(model, self.w, self.platform, self.cost.memory)
+        return TimedModel(model, self.backend, cost, self.socket)
+
+    def _on_stage(self, event: StageEvent) -> None:
+        """A stage began (its weights' moves between tiers take their copy time) or
+        ended."""
+        self.backend.settle()
+        clock = self.socket.clock
+        if event.report is None:
+            self.account.mark()  # the stage's first step counts from its own holdings
+            clock.advance(event.copy_s)
+            self.recorder.stage_began(clock.now_ns)
+        else:
+            self.recorder.stage_ended(event.stage.name, event.report, clock.now_ns)
+
+    def _end_step(self, info: StepInfo) -> None:
+        b = self.backend
+        b.settle()  # the step lasts until its gradients are all-reduced
+        gradients, b.gradients = b.gradients, None
+        peaks = self.account.window_peaks()
+        self.account.mark()
+        self.recorder.step_ended(
+            info, b.step_began_ns, self.socket.clock.now_ns, gradients, b.exposed_ns, peaks
+        )
+
+    def _on_checkpoint(self, event: CheckpointEvent) -> None:
+        self.backend.settle()
+        self.recorder.checkpoint(event, self.socket.clock.now_ns)
+
+    def _functional(self, ctx: RankContext) -> Generator[StepInfo, None, RankResult | None]:
+        result = yield from train_steps(ctx, self.w.train_spec(resume=True))
+        self.backend.settle()
+        return result
+
+    def _timing(self) -> Generator[StepInfo, None, RankResult | None]:
+        """A preset model: DDP's traffic and compute as descriptors, no numbers."""
+        b, cost, socket = self.backend, self.cost, self.socket
+        itemsize = 2  # BF16 gradients and weights
+        b.broadcast_bytes(cost.memory.gradients, itemsize)  # DDP: rank 0's parameters
+        total = self.w.steps or 10
+        for step in range(total):
+            forward(b, cost, socket)
+            backward(b, cost, socket)
+            for nbytes in cost.bucket_bytes:
+                b.all_reduce_bytes(nbytes, itemsize)
+            yield StepInfo(step + 1, total, float("nan"))
+        b.settle()
+        return None
+
+    def close(self) -> None:
+        self.account.close()
