@@ -29,8 +29,9 @@ from rdurack.node_agent.hardware_trace import (
     kernel_attributes,
     op_span,
 )
-from rdurack.node_agent.link_server import LinkEndpoint, OutgoingTransfer, Sends
-from rdurack.node_agent.mailbox import Message
+from rdurack.node_agent.links.endpoint import LinkEndpoint
+from rdurack.node_agent.links.mailbox import Message
+from rdurack.node_agent.links.sending import OutgoingTransfer, Sends
 from rdurack.rack.clock import EmulatedClock
 from rdurack.rack.collectives import (
     WHOLE,

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from rdurack.errors import InvalidRequest, LinkFailure, OutOfMemory, SocketBusy
-from rdurack.node_agent.mailbox import Message
+from rdurack.node_agent.links.mailbox import Message
 from rdurack.node_agent.socket import Run, Socket, _apply
 from rdurack.rack.collectives import (
     Algorithm,
