@@ -1,4 +1,5 @@
-"""The one place that turns the plain Socket class into a Ray actor.
+"""Socket actors: the one place that turns the plain Socket class into a Ray actor,
+and one node's set of them (NodeActors).
 
 num_cpus=0: sixteen sockets share the host's cores; each actor is mostly waiting on its
 links. One call runs at a time, so a socket's state needs no locks; its gRPC link
@@ -13,8 +14,8 @@ Callers pick it per call: `actor.heartbeat.options(concurrency_group=CONTROL)`.
 Each actor is its own process: it configures tracing on construction, with its socket
 id as service.name (one Jaeger lane per socket).
 
-NodeActors is one node's set of them, as its agent holds them: started on the agent's
-own Ray node, killed and replaced, and what is known of each (dead or not and why,
+NodeActors holds one node's actors for its agent: it starts them on the agent's own Ray
+node, kills and replaces them, and knows what is known of each (dead or not and why,
 incarnation, link address, last emulated clock seen, liveness from heartbeats).
 `start_ray` joins (or starts) the Ray cluster.
 """
