@@ -6,11 +6,12 @@ hook), sends transfers (`send`, `send_all`, `start_all`; sending.py puts them on
 wire), takes what arrived (`receive`), probes a peer (`ping`) and closes it all.
 
 Threads: the gRPC server runs its handlers on its own pool and touches only the
-thread-safe Mailbox; the peers, channels, link faults, transfer-id counter and closed
-flag are shared by the caller's thread and gRPC's callbacks under one lock. Sends are
-gRPC futures: `start_all` puts transfers on the wire and returns, and `Sends.wait`
-collects their acknowledgements, so a socket can take its incoming messages while its
-own are in flight.
+thread-safe Mailbox (and its own record of transfer ids); the peers, channels, link
+faults, transfer-id counter and closed flag are shared under one lock by the socket's
+threads (its calls, and its control thread: `connect`, `set_link_down`). Sends are gRPC
+futures: `start_all` puts transfers on the wire and returns, and `Sends.wait` collects
+their acknowledgements, so a socket can take its incoming messages while its own are
+in flight; a failed send wakes the mailbox's waiters from gRPC's callback thread.
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ class LinkEndpoint:
         self.socket_id = socket_id
         self.mailbox = Mailbox(socket_id)
         # Guards peers, channels, link faults, the id counter and the closed flag: the
-        # caller's thread and the link server's use them concurrently.
+        # socket's call thread and its control thread use them concurrently.
         self._lock = threading.Lock()
         self._peers: dict[str, str] = {}  # peer socket id -> "host:port"
         self._channels: dict[str, tuple[grpc.Channel, LinkStub]] = {}

@@ -7,7 +7,8 @@ admission (addressed to this socket, a transfer id not seen recently), the same 
 check (exactly the bytes the header declares, none for a timing-only transfer) and are
 stored alike in the socket's thread-safe Mailbox, the data kept as views of what gRPC
 received (no copy); `Ping` answers with the socket's emulated clock. Every refusal is a
-gRPC status with a message naming the socket and the transfer, never UNKNOWN.
+gRPC status with a message naming the socket (and the transfer, once its header is
+read), never UNKNOWN.
 """
 
 from __future__ import annotations
@@ -251,6 +252,8 @@ class LinkServer:
         self._server.stop(0).wait()
 
     def shutdown_pool(self) -> None:
+        """Let the handler threads go (after `stop`, once the endpoint's channels are
+        closed); queued handlers are dropped."""
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 
