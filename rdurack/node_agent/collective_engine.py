@@ -25,8 +25,9 @@ from typing import NamedTuple
 import numpy as np
 
 from rdurack.errors import InvalidRequest, LinkFailure
-from rdurack.node_agent.link_server import LinkEndpoint, OutgoingTransfer, Sends
-from rdurack.node_agent.mailbox import Message
+from rdurack.node_agent.links.endpoint import LinkEndpoint
+from rdurack.node_agent.links.mailbox import Message
+from rdurack.node_agent.links.sending import OutgoingTransfer, Sends
 from rdurack.node_agent.timeline.hardware_trace import Sent, Traffic
 from rdurack.rack.clock import EmulatedClock
 from rdurack.rack.collectives import (

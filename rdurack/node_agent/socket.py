@@ -29,7 +29,7 @@ from rdurack.errors import InvalidRequest, SocketBusy
 from rdurack.node_agent.collective_engine import CollectiveEngine, check
 from rdurack.node_agent.generation import TinyExperts
 from rdurack.node_agent.job_memory import JobMemory, tier_named
-from rdurack.node_agent.link_server import LinkEndpoint
+from rdurack.node_agent.links.endpoint import LinkEndpoint
 from rdurack.node_agent.timeline.hardware_trace import HardwareTrace, kernel_attributes
 from rdurack.node_agent.timeline.pacing import Pacer
 from rdurack.rack.clock import EmulatedClock

@@ -244,7 +244,7 @@ class RequestGuard(grpc.ServerInterceptor):
 
     `messages_of` names the protobuf messages in a decoded request whose fields are
     bounded: by default the request itself. A service with its own decoders (the links'
-    zero-copy wire format, node_agent/link_wire.py) says where its messages are."""
+    zero-copy wire format, node_agent/links/wire.py) says where its messages are."""
 
     def __init__(
         self,

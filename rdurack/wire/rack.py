@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from rdurack.errors import InvalidRequest
-from rdurack.node_agent.agent import SocketHealth
+from rdurack.node_agent.health import SocketHealth
 from rdurack.node_agent.socket import Run
 from rdurack.rack.kernels import FusionPlan, Phase
 from rdurack.rack.spec import Tier

@@ -29,7 +29,8 @@ from hypothesis import strategies as st
 from rdurack.api.job_service import JOB_MAX_REQUEST_BYTES, serve_api
 from rdurack.api.server import Server
 from rdurack.cli import main as cli
-from rdurack.node_agent.link_server import MAX_MESSAGE_BYTES, LinkEndpoint
+from rdurack.node_agent.links.endpoint import LinkEndpoint
+from rdurack.node_agent.links.wire import MAX_MESSAGE_BYTES
 from rdurack.orchestrator.orchestrator import Orchestrator
 from rdurack.orchestrator.store import JobStore
 from rdurack.security.auth import Authenticator

@@ -84,7 +84,7 @@ def test_requests_within_bounds_pass() -> None:
 def test_link_data_is_not_read_by_the_guard() -> None:
     """Bytes fields without a limit of their own are bounded by the message size alone:
     the guard does not copy a transfer's payload to measure it."""
-    from rdurack.node_agent.link_server import _BOUNDS
+    from rdurack.node_agent.links.servicer import _BOUNDS
 
     big = link_pb2.Delivery(header=link_pb2.TransferHeader(shape=[1] * 64), data=b"x" * 10_000)
     _BOUNDS.check(big)

@@ -13,13 +13,9 @@ import numpy as np
 import pytest
 
 from rdurack.errors import InvalidRequest, LinkFailure
-from rdurack.node_agent.link_server import (
-    CHUNK_BYTES,
-    DELIVER_MAX_BYTES,
-    LinkEndpoint,
-    OutgoingTransfer,
-)
-from rdurack.node_agent.mailbox import Mailbox, Message
+from rdurack.node_agent.links.endpoint import LinkEndpoint
+from rdurack.node_agent.links.mailbox import Mailbox, Message
+from rdurack.node_agent.links.sending import CHUNK_BYTES, DELIVER_MAX_BYTES, OutgoingTransfer
 from rdurack.v1 import link_pb2, link_pb2_grpc
 
 A, B, C = "rdu-n0-s0", "rdu-n0-s1", "rdu-n1-s0"

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from rdurack.errors import LinkFailure
-from rdurack.node_agent.link_server import CHUNK_BYTES, LinkEndpoint
+from rdurack.node_agent.links.endpoint import LinkEndpoint
+from rdurack.node_agent.links.sending import CHUNK_BYTES
 from rdurack.v1 import link_pb2, link_pb2_grpc
 from tests.support.certs import RackCerts
 

@@ -1,4 +1,4 @@
-"""link_wire writes what the generated classes read, and reads what they write."""
+"""links/wire.py writes what the generated classes read, and reads what they write."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import platform
 import pytest
 from google.protobuf.message import DecodeError
 
-from rdurack.node_agent import heap, link_wire
+from rdurack.node_agent import heap
+from rdurack.node_agent.links import wire
 from rdurack.v1 import link_pb2
 
 HEADER = link_pb2.TransferHeader(
@@ -27,19 +28,19 @@ HEADER = link_pb2.TransferHeader(
 def test_varint_is_protobufs(value: int) -> None:
     # A uint64 field 5 (total_bytes) is tag 0x28 then the varint.
     encoded = link_pb2.TransferHeader(total_bytes=value).SerializeToString()
-    assert link_wire.varint(value) == (encoded[1:] if value else b"\x00")
+    assert wire.varint(value) == (encoded[1:] if value else b"\x00")
 
 
 @pytest.mark.parametrize("size", [0, 1, 127, 128, 1 << 20])
 def test_data_chunk_reads_back_with_the_generated_class(size: int) -> None:
     data = bytes(range(256)) * (size // 256) + bytes(size % 256)
-    raw = link_wire.encode_data_chunk(memoryview(data))
+    raw = wire.encode_data_chunk(memoryview(data))
     parsed = link_pb2.TransferChunk.FromString(raw)
     assert parsed.WhichOneof("chunk") == "data" and parsed.data == data
 
 
 def test_header_chunk_reads_back_with_the_generated_class() -> None:
-    raw = link_wire.encode_header_chunk(HEADER)
+    raw = wire.encode_header_chunk(HEADER)
     assert link_pb2.TransferChunk.FromString(raw).header == HEADER
     assert raw == link_pb2.TransferChunk(header=HEADER).SerializeToString()
 
@@ -47,17 +48,15 @@ def test_header_chunk_reads_back_with_the_generated_class() -> None:
 def test_decode_chunk_takes_the_data_as_a_view_without_copying() -> None:
     data = b"\x01\x02" * 1000
     raw = link_pb2.TransferChunk(data=data).SerializeToString()
-    got = link_wire.decode_chunk(raw)
+    got = wire.decode_chunk(raw)
     assert isinstance(got, memoryview) and got.obj is raw  # a view into gRPC's bytes
     assert bytes(got) == data
 
 
 def test_decode_chunk_header_and_empty_chunk() -> None:
-    assert link_wire.decode_chunk(link_pb2.TransferChunk(header=HEADER).SerializeToString()) == (
-        HEADER
-    )
+    assert wire.decode_chunk(link_pb2.TransferChunk(header=HEADER).SerializeToString()) == HEADER
     # Neither field set: no data (not None, which gRPC would take for a decoding failure).
-    assert link_wire.decode_chunk(b"") == b""
+    assert wire.decode_chunk(b"") == b""
 
 
 def test_decode_chunk_falls_back_for_a_non_canonical_encoding() -> None:
@@ -68,36 +67,36 @@ def test_decode_chunk_falls_back_for_a_non_canonical_encoding() -> None:
 
 
 def _data(raw: bytes) -> bytes:
-    got = link_wire.decode_chunk(raw)
+    got = wire.decode_chunk(raw)
     assert isinstance(got, memoryview | bytes)
     return bytes(got)
 
 
 def test_decode_chunk_refuses_garbage() -> None:
     with pytest.raises(DecodeError):
-        link_wire.decode_chunk(b"\x12\x05ab")  # a length longer than the message
+        wire.decode_chunk(b"\x12\x05ab")  # a length longer than the message
 
 
 @pytest.mark.parametrize("data", [None, b"", b"x", b"\x00" * 200_000])
 def test_delivery_round_trips_both_ways(data: bytes | None) -> None:
-    raw = link_wire.encode_delivery(HEADER, None if data is None else memoryview(data))
+    raw = wire.encode_delivery(HEADER, None if data is None else memoryview(data))
     parsed = link_pb2.Delivery.FromString(raw)
     assert parsed.header == HEADER and parsed.data == (data or b"")
     # And the generated class's own encoding decodes to the same.
     theirs = link_pb2.Delivery(header=HEADER, data=data or b"").SerializeToString()
     assert raw == theirs
-    back = link_wire.decode_delivery(theirs)
+    back = wire.decode_delivery(theirs)
     assert back.header == HEADER and bytes(back.data) == (data or b"")
 
 
 def test_decode_delivery_views_the_data_and_falls_back_when_reordered() -> None:
     raw = link_pb2.Delivery(header=HEADER, data=b"payload").SerializeToString()
-    got = link_wire.decode_delivery(raw)
+    got = wire.decode_delivery(raw)
     assert isinstance(got.data, memoryview) and got.data.obj is raw
     # Data first, then the header: valid protobuf, not the canonical order.
     header = HEADER.SerializeToString()
-    reordered = b"\x12\x07payload" + b"\x0a" + link_wire.varint(len(header)) + header
-    back = link_wire.decode_delivery(reordered)
+    reordered = b"\x12\x07payload" + b"\x0a" + wire.varint(len(header)) + header
+    back = wire.decode_delivery(reordered)
     assert back.header == HEADER and bytes(back.data) == b"payload"
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from rdurack.errors import InvalidRequest, LinkFailure, OutOfMemory, SocketBusy
 from rdurack.node_agent.collective_engine import _apply
-from rdurack.node_agent.mailbox import Message
+from rdurack.node_agent.links.mailbox import Message
 from rdurack.node_agent.socket import Run, Socket
 from rdurack.rack.clock import EmulatedClock
 from rdurack.rack.collectives import (
