@@ -1,5 +1,6 @@
 """Trace context across process boundaries: W3C trace-context carriers for Ray actor
-calls, and gRPC interceptors that carry it in metadata.
+calls, and gRPC interceptors that carry it in metadata (with the two pieces every client
+interceptor of rdurack builds on: `CallDetails`, `ClientCalls`).
 
 Ray's own tracing hook is unmaintained, so actor calls take an explicit
 `carrier: dict[str, str]` (`inject()` on the caller, `extract()` in the actor).
@@ -163,12 +164,32 @@ class CallDetails(grpc.ClientCallDetails):
         self.compression = getattr(base, "compression", None)
 
 
-class ClientTracing(
+class ClientCalls(
     grpc.UnaryUnaryClientInterceptor,
     grpc.UnaryStreamClientInterceptor,
     grpc.StreamUnaryClientInterceptor,
     grpc.StreamStreamClientInterceptor,
 ):
+    """A client interceptor that treats calls of every shape alike: a subclass writes
+    `_call(continuation, details, request_or_requests)` once."""
+
+    def _call(self, continuation: Any, details: grpc.ClientCallDetails, request: Any) -> Any:
+        raise NotImplementedError
+
+    def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+        return self._call(continuation, details, request)
+
+    def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
+        return self._call(continuation, details, request)
+
+    def intercept_stream_unary(self, continuation: Any, details: Any, requests: Any) -> Any:
+        return self._call(continuation, details, requests)
+
+    def intercept_stream_stream(self, continuation: Any, details: Any, requests: Any) -> Any:
+        return self._call(continuation, details, requests)
+
+
+class ClientTracing(ClientCalls):
     """A CLIENT span per outgoing RPC, child of the current span, whose context goes
     out in the call's metadata (W3C `traceparent`); it ends when the call does."""
 
@@ -205,15 +226,3 @@ class ClientTracing(
 
         call.add_done_callback(done)
         return call
-
-    def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
-        return self._call(continuation, details, request)
-
-    def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
-        return self._call(continuation, details, request)
-
-    def intercept_stream_unary(self, continuation: Any, details: Any, requests: Any) -> Any:
-        return self._call(continuation, details, requests)
-
-    def intercept_stream_stream(self, continuation: Any, details: Any, requests: Any) -> Any:
-        return self._call(continuation, details, requests)
