@@ -42,7 +42,7 @@ from rdurack.devtools.chaos.plan import ChaosConfig
 from rdurack.devtools.chaos.report import ChaosReport
 from rdurack.devtools.chaos.run import ChaosRun, Rack
 from rdurack.errors import RdurackError
-from rdurack.processes import local_rack
+from rdurack.processes import local_rack, rack_record
 
 STOP_RESERVE_S = 20.0  # kept at the end to stop the rack's processes
 STOP_WAIT_S = 8.0  # per process, after SIGTERM, before SIGKILL
@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"chaos: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
-    if (args.state_dir / local_rack.RACK_FILE).exists():
+    if (args.state_dir / rack_record.RACK_FILE).exists():
         with contextlib.suppress(RdurackError):
             for line in local_rack.down(args.state_dir):  # a rack a killed run left
                 print(f"  {line}")
