@@ -9,6 +9,7 @@ Ray's own tracing hook is unmaintained, so actor calls take an explicit
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 import grpc
@@ -81,14 +82,6 @@ class ServerTracing(grpc.ServerInterceptor):
         metadata = {k: v for k, v in (details.invocation_metadata or ()) if isinstance(v, str)}
         tracer = self._tracer
 
-        def start() -> Span:
-            return tracer.start_span(
-                method.lstrip("/"),
-                context=extract(metadata),
-                kind=SpanKind.SERVER,
-                attributes=_rpc_attributes(method),
-            )
-
         def outcome(context: grpc.ServicerContext, error: BaseException | None) -> tuple[Any, str]:
             # code() and details() exist on grpc's contexts, not in the typing stubs.
             code = getattr(context, "code", lambda: None)()
@@ -96,22 +89,32 @@ class ServerTracing(grpc.ServerInterceptor):
                 code = grpc.StatusCode.UNKNOWN
             return code, str(getattr(context, "details", lambda: "")() or error or "")
 
+        @contextmanager
+        def serving(context: grpc.ServicerContext) -> Iterator[None]:
+            """The request's span, current while the handler runs (a stream's handler:
+            until its last message), ended with the status the handler left."""
+            span = tracer.start_span(
+                method.lstrip("/"),
+                context=extract(metadata),
+                kind=SpanKind.SERVER,
+                attributes=_rpc_attributes(method),
+            )
+            error: BaseException | None = None
+            try:
+                with _current(span):
+                    yield
+            except BaseException as e:
+                error = e
+                raise
+            finally:
+                _finish(span, *outcome(context, error), server=True)
+
         def traced(
             behavior: Callable[[Any, grpc.ServicerContext], Any],
         ) -> Callable[[Any, grpc.ServicerContext], Any]:
             def run(request: Any, context: grpc.ServicerContext) -> Any:
-                span = start()
-                error: BaseException | None = None
-                try:
-                    with trace.use_span(
-                        span, record_exception=False, set_status_on_exception=False
-                    ):
-                        return behavior(request, context)
-                except BaseException as e:
-                    error = e
-                    raise
-                finally:
-                    _finish(span, *outcome(context, error), server=True)
+                with serving(context):
+                    return behavior(request, context)
 
             return run
 
@@ -119,18 +122,8 @@ class ServerTracing(grpc.ServerInterceptor):
             behavior: Callable[[Any, grpc.ServicerContext], Iterator[Any]],
         ) -> Callable[[Any, grpc.ServicerContext], Iterator[Any]]:
             def run(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
-                span = start()
-                error: BaseException | None = None
-                try:
-                    with trace.use_span(
-                        span, record_exception=False, set_status_on_exception=False
-                    ):
-                        yield from behavior(request, context)
-                except BaseException as e:
-                    error = e
-                    raise
-                finally:
-                    _finish(span, *outcome(context, error), server=True)
+                with serving(context):
+                    yield from behavior(request, context)
 
             return run
 
