@@ -4,6 +4,13 @@ interceptor of rdurack builds on: `CallDetails`, `ClientCalls`).
 
 Ray's own tracing hook is unmaintained, so actor calls take an explicit
 `carrier: dict[str, str]` (`inject()` on the caller, `extract()` in the actor).
+
+Why not opentelemetry-instrumentation-grpc (0.66b2, the release of SDK 1.45.2): its
+spans are named with a leading slash ("/rdurack.v1.JobService/SubmitJob", not
+names.py's "rdurack.v1.JobService/SubmitJob") under its own scope; its server spans add
+net.peer.* and rpc.user_agent, and keep status code 0 and no error when a handler
+raises; its client hands back a server stream as a bare generator (no `cancel()`, no
+status), whose span ends only once the generator is exhausted or collected.
 """
 
 from __future__ import annotations
