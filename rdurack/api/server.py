@@ -1,5 +1,6 @@
 """One way to build a gRPC server: health checking, reflection, message-size limits,
-request guards, TLS, bearer tokens and tracing; and one way to open a channel to one.
+request guards, TLS, bearer tokens and tracing; and one way to open a channel to one
+(tracing, tokens, TLS, and gRPC's own retries of the calls api/retry.py names).
 
 A server is plaintext unless it is given a TlsConfig. With one, `rack_peers=True` makes
 it an in-rack server (mutual TLS: only rack members may call; node agents), else a
@@ -11,7 +12,7 @@ TLS port, and this one opens nothing of the API.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent import futures
 from typing import Any
 
@@ -20,10 +21,11 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from opentelemetry import trace
 
+from rdurack.api.retry import IDEMPOTENT, service_config
 from rdurack.security.auth import Authenticator
 from rdurack.security.guard import Bounds, RequestGuard
 from rdurack.security.tls import TlsConfig
-from rdurack.telemetry.propagation import CallDetails, ClientTracing, ServerTracing
+from rdurack.telemetry.propagation import CallDetails, ClientCalls, ClientTracing, ServerTracing
 
 # Messages above gRPC's 4 MB default must be allowed on both ends (tensors, results).
 MAX_MESSAGE_BYTES = 64 << 20
@@ -136,12 +138,7 @@ def _bind(
     return int(bound)
 
 
-class BearerToken(
-    grpc.UnaryUnaryClientInterceptor,
-    grpc.UnaryStreamClientInterceptor,
-    grpc.StreamUnaryClientInterceptor,
-    grpc.StreamStreamClientInterceptor,
-):
+class BearerToken(ClientCalls):
     """Adds `authorization: Bearer TOKEN` to every call's metadata. Metadata rather than
     gRPC call credentials, which refuse plaintext channels: a token over loopback
     without TLS is the local rack's case."""
@@ -153,18 +150,6 @@ class BearerToken(
         metadata = [(k, v) for k, v in (details.metadata or ()) if k != "authorization"]
         return continuation(CallDetails(details, [*metadata, self._pair]), request)
 
-    def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
-        return self._call(continuation, details, request)
-
-    def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
-        return self._call(continuation, details, request)
-
-    def intercept_stream_unary(self, continuation: Any, details: Any, requests: Any) -> Any:
-        return self._call(continuation, details, requests)
-
-    def intercept_stream_stream(self, continuation: Any, details: Any, requests: Any) -> Any:
-        return self._call(continuation, details, requests)
-
 
 def channel(
     address: str,
@@ -174,20 +159,22 @@ def channel(
     rack: bool = False,
     token: str | None = None,
     options: Sequence[tuple[str, Any]] = (),
+    retried: Iterable[str] = IDEMPOTENT,
 ) -> grpc.Channel:
-    """A channel whose calls carry the caller's trace context (and get CLIENT spans).
+    """A channel whose calls carry the caller's trace context (and get CLIENT spans),
+    and which gRPC retries after UNAVAILABLE where that is safe (api/retry.py).
 
     `tls`: TLS trusting its CA (plaintext without). `rack`: an in-rack channel, which
     presents the member certificate and expects a rack member at `address`. `token`:
     a bearer token sent with every call. `options`: channel arguments beyond the
-    message-size limits."""
+    message-size limits. `retried`: the methods gRPC may send again, each
+    "package.Service/Method" (default: the reads, retry.IDEMPOTENT)."""
+    every = [*OPTIONS, ("grpc.service_config", service_config(retried)), *options]
     if tls is None:
-        base = grpc.insecure_channel(address, options=[*OPTIONS, *options])
+        base = grpc.insecure_channel(address, options=every)
     else:
         base = grpc.secure_channel(
-            address,
-            tls.channel_credentials(),
-            options=[*OPTIONS, *options, *tls.channel_options(rack)],
+            address, tls.channel_credentials(), options=[*every, *tls.channel_options(rack)]
         )
     interceptors: list[Any] = [ClientTracing(tracer_provider)]
     if token:

@@ -1,6 +1,8 @@
 """A node agent as a process: `python -m rdurack.processes.node_agent_main --node-index 0`.
 
-Settings come from flags, else the environment (for Kubernetes pods):
+Settings come from flags, else the environment, as Kubernetes pods set it
+(`NodeAgentSettings`, read as processes/settings.py says); a value it cannot take is one
+line on stderr, exit code 2:
 
     --node-index   RDURACK_NODE_INDEX   which rack node this agent runs (0-based)
     --platform     RDURACK_PLATFORM     platform preset (default sn40l-rack16)
@@ -20,7 +22,6 @@ It prints one line `node-agent <index> ready at <host:port>` once every socket s
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import sys
@@ -28,43 +29,47 @@ from collections.abc import Callable
 from pathlib import Path
 
 import ray
+from pydantic import Field
+from pydantic_settings import SettingsConfigDict
 
 from rdurack.api.node_agent_service import SERVICE, NodeAgentService
 from rdurack.api.server import Server
 from rdurack.errors import RdurackError
 from rdurack.node_agent.actors import start_ray
 from rdurack.node_agent.agent import NodeAgent
+from rdurack.processes.settings import TlsSettings, env, load
 from rdurack.processes.stop_signal import StopSignal
 from rdurack.rack.whatif import load_platform
-from rdurack.security.tls import add_tls_arguments, tls_from_args
 from rdurack.telemetry import setup
 
+# --help prints the module docstring (its table of flags and variables).
+HELP = __doc__
 
-def parse(argv: list[str] | None = None) -> argparse.Namespace:
-    env = os.environ.get
-    p = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+
+class NodeAgentSettings(TlsSettings):
+    """A node agent's settings: the module docstring's table."""
+
+    model_config = SettingsConfigDict(
+        cli_prog_name="python -m rdurack.processes.node_agent_main",
+        json_schema_extra={"description": HELP},
     )
-    p.add_argument("--node-index", type=int, default=int(env("RDURACK_NODE_INDEX", "0")))
-    p.add_argument("--platform", default=env("RDURACK_PLATFORM", "sn40l-rack16"))
-    p.add_argument("--spec", type=Path, default=Path(s) if (s := env("RDURACK_SPEC")) else None)
-    p.add_argument("--ray-address", default=env("RAY_ADDRESS", ""))
-    p.add_argument("--host", default=env("RDURACK_HOST", "127.0.0.1"))
-    p.add_argument("--port", type=int, default=int(env("RDURACK_AGENT_PORT", "0")))
-    p.add_argument("--time-scale", type=float, default=float(env("RDURACK_TIME_SCALE", "0")))
-    p.add_argument(
-        "--health-port", type=int, default=int(h) if (h := env("RDURACK_HEALTH_PORT")) else None
-    )
-    add_tls_arguments(p)
-    return p.parse_args(argv)
+
+    node_index: int = Field(0, ge=0)
+    platform: str = "sn40l-rack16"
+    spec: Path | None = None
+    ray_address: str = Field("", json_schema_extra=env("RAY_ADDRESS"))
+    host: str = "127.0.0.1"
+    port: int = Field(0, ge=0, le=65535, json_schema_extra=env("RDURACK_AGENT_PORT"))
+    time_scale: float = Field(0.0, ge=0)  # wall s per emulated s
+    health_port: int | None = Field(None, ge=0, le=65535)
 
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     try:
-        args = parse(argv)
+        args = load(NodeAgentSettings, argv)
         platform = load_platform(args.platform, args.spec)
-        tls = tls_from_args(args)
+        tls = args.tls()
         if tls is not None:
             tls.key_pair()  # mutual TLS needs its own certificate: refuse now, not later
         agent = NodeAgent(
@@ -77,14 +82,20 @@ def main(argv: list[str] | None = None) -> int:
     start_ray(args.ray_address or None)
     agent.start()
     service = NodeAgentService(agent, on_kill=_exit(args.node_index))
-    server = Server(
-        [(SERVICE, service.add_to)],
-        host=args.host,
-        port=args.port,
-        tls=tls,
-        rack_peers=tls is not None,
-        health_port=args.health_port,
-    )
+    try:
+        server = Server(
+            [(SERVICE, service.add_to)],
+            host=args.host,
+            port=args.port,
+            tls=tls,
+            rack_peers=tls is not None,
+            health_port=args.health_port,
+        )
+    except OSError as e:  # a port taken or not ours: one line, as the orchestrator says
+        print(f"node-agent: {e}", file=sys.stderr)
+        agent.stop()
+        ray.shutdown()
+        return 2
     service.address = server.address
     if server.health_address is not None:
         print(f"node-agent {args.node_index} health (plaintext) at {server.health_address}")

@@ -1,6 +1,7 @@
 """The orchestrator as a process: `python -m rdurack.processes.orchestrator_main`.
 
-Settings come from flags, else the environment:
+Settings come from flags, else the environment (`OrchestratorSettings`, read as
+processes/settings.py says); a value it cannot take is one line on stderr, exit code 2:
 
     --agents      RDURACK_AGENTS             node agent addresses, node 0 first, comma-separated
     --state-dir   RDURACK_STATE_DIR          where the job store lives (DIR/jobs.sqlite)
@@ -30,11 +31,13 @@ It prints one line saying whether it serves TLS and requires tokens, and one lin
 
 from __future__ import annotations
 
-import argparse
 import logging
-import os
 import sys
 from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import SettingsConfigDict
 
 from rdurack.api import metrics as rack_metrics
 from rdurack.api.job_service import serve_api
@@ -44,11 +47,14 @@ from rdurack.errors import RdurackError
 from rdurack.orchestrator.fault_injector import FaultInjector
 from rdurack.orchestrator.orchestrator import Orchestrator
 from rdurack.orchestrator.store import JobStore
+from rdurack.processes.settings import TlsSettings, env, load
 from rdurack.processes.stop_signal import StopSignal
 from rdurack.rack.whatif import load_platform
 from rdurack.security.auth import Authenticator
-from rdurack.security.tls import add_tls_arguments, tls_from_args
 from rdurack.telemetry import setup
+
+# --help prints the module docstring (its table of flags and variables).
+HELP = __doc__
 
 # gRPC server threads. Every open WatchJob stream holds one for its whole life, so the
 # pool must outnumber the streams clients keep open, or later calls queue until a stream
@@ -58,50 +64,43 @@ from rdurack.telemetry import setup
 SERVER_WORKERS = 256
 
 
-def parse(argv: list[str] | None = None) -> argparse.Namespace:
-    env = os.environ.get
-    p = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+class OrchestratorSettings(TlsSettings):
+    """The orchestrator's settings: the module docstring's table."""
+
+    model_config = SettingsConfigDict(
+        cli_prog_name="python -m rdurack.processes.orchestrator_main",
+        json_schema_extra={"description": HELP},
     )
-    p.add_argument("--agents", default=env("RDURACK_AGENTS", ""))
-    p.add_argument("--state-dir", type=Path, default=Path(env("RDURACK_STATE_DIR", ".state")))
-    p.add_argument("--host", default=env("RDURACK_HOST", "127.0.0.1"))
-    p.add_argument("--port", type=int, default=int(env("RDURACK_ORCHESTRATOR_PORT", "50051")))
-    p.add_argument("--platform", default=env("RDURACK_PLATFORM", "sn40l-rack16"))
-    p.add_argument("--spec", type=Path, default=Path(s) if (s := env("RDURACK_SPEC")) else None)
-    p.add_argument(
-        "--checkpoint-dir",
-        type=Path,
-        default=Path(c) if (c := env("RDURACK_CHECKPOINT_DIR")) else None,
-    )
-    p.add_argument(
-        "--recovery", choices=("retry", "fail"), default=env("RDURACK_RECOVERY", "retry")
-    )
-    p.add_argument(
-        "--metrics-port",
-        type=int,
-        default=int(m) if (m := env("RDURACK_METRICS_PORT")) else None,
-    )
-    p.add_argument("--tokens", type=Path, default=Path(t) if (t := env("RDURACK_TOKENS")) else None)
-    p.add_argument(
-        "--health-port", type=int, default=int(h) if (h := env("RDURACK_HEALTH_PORT")) else None
-    )
-    add_tls_arguments(p)
-    return p.parse_args(argv)
+
+    agents: str = ""  # comma-separated; `agent_addresses` splits them
+    state_dir: Path = Path(".state")
+    host: str = "127.0.0.1"
+    port: int = Field(50051, ge=0, le=65535, json_schema_extra=env("RDURACK_ORCHESTRATOR_PORT"))
+    platform: str = "sn40l-rack16"
+    spec: Path | None = None
+    recovery: Literal["retry", "fail"] = "retry"
+    checkpoint_dir: Path | None = None
+    metrics_port: int | None = Field(None, ge=0, le=65535)
+    tokens: Path | None = None
+    health_port: int | None = Field(None, ge=0, le=65535)
+
+    @property
+    def agent_addresses(self) -> list[str]:
+        return [a.strip() for a in self.agents.split(",") if a.strip()]
 
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
-    args = parse(argv)
     try:
-        agents = [a.strip() for a in args.agents.split(",") if a.strip()]
+        args = load(OrchestratorSettings, argv)
+        agents = args.agent_addresses
         platform = load_platform(args.platform, args.spec)
         if len(agents) != platform.nodes:
             raise RdurackError(
                 f"--agents: {platform.name} has {platform.nodes} nodes; got {len(agents)} "
                 "agent addresses"
             )
-        tls = tls_from_args(args)
+        tls = args.tls()
         if tls is not None:
             tls.key_pair()  # a server needs its own certificate: refuse now, not later
         auth = Authenticator.from_file(args.tokens)

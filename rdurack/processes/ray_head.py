@@ -3,6 +3,8 @@
 `rdu up` starts it first; node agents then join it with `--ray-address`. It starts Ray
 on loopback (importing rdurack set Ray's environment), prints one line
 `ray-head ready at <gcs address>`, and on SIGTERM or SIGINT shuts Ray down and exits 0.
+It takes no settings of its own (`RayHeadSettings` is empty): `--help` says so, and any
+flag is refused in one line on stderr, exit code 2. Ray reads its own `RAY_*` variables.
 """
 
 from __future__ import annotations
@@ -10,13 +12,34 @@ from __future__ import annotations
 import logging
 import sys
 
+from pydantic_settings import SettingsConfigDict
+
 import rdurack  # noqa: F401  (sets Ray's loopback environment before Ray is imported)
+from rdurack.errors import RdurackError
+from rdurack.processes.settings import ProcessSettings, load
 from rdurack.processes.stop_signal import StopSignal
 
+# --help prints the module docstring.
+HELP = __doc__
 
-def main() -> int:
+
+class RayHeadSettings(ProcessSettings):
+    """The Ray head's settings: none (the module docstring)."""
+
+    model_config = SettingsConfigDict(
+        cli_prog_name="python -m rdurack.processes.ray_head",
+        json_schema_extra={"description": HELP},
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
-    # First: a SIGTERM that arrives while Ray starts still stops it cleanly.
+    try:
+        load(RayHeadSettings, argv)
+    except RdurackError as e:
+        print(f"ray-head: {e}", file=sys.stderr)
+        return 2
+    # Before Ray starts: a SIGTERM that arrives while Ray starts still stops it cleanly.
     stop = StopSignal().install()
     import ray
 

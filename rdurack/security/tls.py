@@ -168,24 +168,6 @@ def tls_from_env(env: Mapping[str, str] | None = None) -> TlsConfig | None:
     )
 
 
-def add_tls_arguments(parser: Any) -> None:
-    """The TLS flags of a process entrypoint (an argparse parser), defaulting to the
-    RDURACK_TLS_* environment."""
-    env = os.environ.get
-    parser.add_argument("--tls-ca", default=env(ENV_CA, ""), help="rack CA certificate (PEM)")
-    parser.add_argument("--tls-cert", default=env(ENV_CERT, ""), help="own certificate (PEM)")
-    parser.add_argument("--tls-key", default=env(ENV_KEY, ""), help="own private key (PEM)")
-    parser.add_argument(
-        "--tls-rack-identity",
-        default=env(ENV_RACK_IDENTITY, DEFAULT_RACK_IDENTITY),
-        help="the DNS name every rack member's certificate carries",
-    )
-
-
-def tls_from_args(args: Any) -> TlsConfig | None:
-    return tls_from(args.tls_ca, args.tls_cert, args.tls_key, args.tls_rack_identity)
-
-
 def peer_names(context: grpc.ServicerContext) -> list[str]:
     """The verified peer certificate's subjectAltNames and common name; empty without
     one (plaintext, or TLS without a client certificate)."""

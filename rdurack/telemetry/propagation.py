@@ -1,13 +1,22 @@
 """Trace context across process boundaries: W3C trace-context carriers for Ray actor
-calls, and gRPC interceptors that carry it in metadata.
+calls, and gRPC interceptors that carry it in metadata (with the two pieces every client
+interceptor of rdurack builds on: `CallDetails`, `ClientCalls`).
 
 Ray's own tracing hook is unmaintained, so actor calls take an explicit
 `carrier: dict[str, str]` (`inject()` on the caller, `extract()` in the actor).
+
+Why not opentelemetry-instrumentation-grpc (0.66b2, the release of SDK 1.45.2): its
+spans are named with a leading slash ("/rdurack.v1.JobService/SubmitJob", not
+names.py's "rdurack.v1.JobService/SubmitJob") under its own scope; its server spans add
+net.peer.* and rpc.user_agent, and keep status code 0 and no error when a handler
+raises; its client hands back a server stream as a bare generator (no `cancel()`, no
+status), whose span ends only once the generator is exhausted or collected.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 import grpc
@@ -80,14 +89,6 @@ class ServerTracing(grpc.ServerInterceptor):
         metadata = {k: v for k, v in (details.invocation_metadata or ()) if isinstance(v, str)}
         tracer = self._tracer
 
-        def start() -> Span:
-            return tracer.start_span(
-                method.lstrip("/"),
-                context=extract(metadata),
-                kind=SpanKind.SERVER,
-                attributes=_rpc_attributes(method),
-            )
-
         def outcome(context: grpc.ServicerContext, error: BaseException | None) -> tuple[Any, str]:
             # code() and details() exist on grpc's contexts, not in the typing stubs.
             code = getattr(context, "code", lambda: None)()
@@ -95,22 +96,32 @@ class ServerTracing(grpc.ServerInterceptor):
                 code = grpc.StatusCode.UNKNOWN
             return code, str(getattr(context, "details", lambda: "")() or error or "")
 
+        @contextmanager
+        def serving(context: grpc.ServicerContext) -> Iterator[None]:
+            """The request's span, current while the handler runs (a stream's handler:
+            until its last message), ended with the status the handler left."""
+            span = tracer.start_span(
+                method.lstrip("/"),
+                context=extract(metadata),
+                kind=SpanKind.SERVER,
+                attributes=_rpc_attributes(method),
+            )
+            error: BaseException | None = None
+            try:
+                with _current(span):
+                    yield
+            except BaseException as e:
+                error = e
+                raise
+            finally:
+                _finish(span, *outcome(context, error), server=True)
+
         def traced(
             behavior: Callable[[Any, grpc.ServicerContext], Any],
         ) -> Callable[[Any, grpc.ServicerContext], Any]:
             def run(request: Any, context: grpc.ServicerContext) -> Any:
-                span = start()
-                error: BaseException | None = None
-                try:
-                    with trace.use_span(
-                        span, record_exception=False, set_status_on_exception=False
-                    ):
-                        return behavior(request, context)
-                except BaseException as e:
-                    error = e
-                    raise
-                finally:
-                    _finish(span, *outcome(context, error), server=True)
+                with serving(context):
+                    return behavior(request, context)
 
             return run
 
@@ -118,18 +129,8 @@ class ServerTracing(grpc.ServerInterceptor):
             behavior: Callable[[Any, grpc.ServicerContext], Iterator[Any]],
         ) -> Callable[[Any, grpc.ServicerContext], Iterator[Any]]:
             def run(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
-                span = start()
-                error: BaseException | None = None
-                try:
-                    with trace.use_span(
-                        span, record_exception=False, set_status_on_exception=False
-                    ):
-                        yield from behavior(request, context)
-                except BaseException as e:
-                    error = e
-                    raise
-                finally:
-                    _finish(span, *outcome(context, error), server=True)
+                with serving(context):
+                    yield from behavior(request, context)
 
             return run
 
@@ -163,12 +164,32 @@ class CallDetails(grpc.ClientCallDetails):
         self.compression = getattr(base, "compression", None)
 
 
-class ClientTracing(
+class ClientCalls(
     grpc.UnaryUnaryClientInterceptor,
     grpc.UnaryStreamClientInterceptor,
     grpc.StreamUnaryClientInterceptor,
     grpc.StreamStreamClientInterceptor,
 ):
+    """A client interceptor that treats calls of every shape alike: a subclass writes
+    `_call(continuation, details, request_or_requests)` once."""
+
+    def _call(self, continuation: Any, details: grpc.ClientCallDetails, request: Any) -> Any:
+        raise NotImplementedError
+
+    def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+        return self._call(continuation, details, request)
+
+    def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
+        return self._call(continuation, details, request)
+
+    def intercept_stream_unary(self, continuation: Any, details: Any, requests: Any) -> Any:
+        return self._call(continuation, details, requests)
+
+    def intercept_stream_stream(self, continuation: Any, details: Any, requests: Any) -> Any:
+        return self._call(continuation, details, requests)
+
+
+class ClientTracing(ClientCalls):
     """A CLIENT span per outgoing RPC, child of the current span, whose context goes
     out in the call's metadata (W3C `traceparent`); it ends when the call does."""
 
@@ -205,15 +226,3 @@ class ClientTracing(
 
         call.add_done_callback(done)
         return call
-
-    def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
-        return self._call(continuation, details, request)
-
-    def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
-        return self._call(continuation, details, request)
-
-    def intercept_stream_unary(self, continuation: Any, details: Any, requests: Any) -> Any:
-        return self._call(continuation, details, requests)
-
-    def intercept_stream_stream(self, continuation: Any, details: Any, requests: Any) -> Any:
-        return self._call(continuation, details, requests)

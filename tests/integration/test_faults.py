@@ -21,7 +21,8 @@ import pytest
 
 from rdurack.api.server import channel
 from rdurack.client.admin import AdminClient, wait_healthy
-from rdurack.devtools.chaos import ChaosConfig, ChaosRun, Rack
+from rdurack.devtools.chaos.plan import ChaosConfig
+from rdurack.devtools.chaos.run import ChaosRun, Rack
 from rdurack.orchestrator.store import JobStore
 from rdurack.processes import local_rack
 from rdurack.v1 import common_pb2, job_pb2, job_pb2_grpc, rack_pb2, rack_pb2_grpc

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from rdurack.devtools.chaos import ChaosConfig, ChaosReport, job_specs, plan
+from rdurack.devtools.chaos.plan import ChaosConfig, job_specs, plan
+from rdurack.devtools.chaos.report import ChaosReport
 from rdurack.orchestrator.orchestrator import Orchestrator
 from rdurack.orchestrator.store import JobStore
 from rdurack.rack.faults import FaultKind
