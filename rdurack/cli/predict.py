@@ -223,7 +223,7 @@ def bench_paper_cmd(
     """Each published figure beside the predicted one and the error."""
     figures: list[Figure] = PaperStudy().figures()
     if plot is not None:
-        from rdurack.traces.plots import plot_paper
+        from rdurack.traces.plots.paper import plot_paper
 
         drawn = plot_paper(figures, plot / "paper-figures.png")
         # stderr: --json and --markdown keep stdout to the table alone.

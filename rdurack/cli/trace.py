@@ -41,7 +41,7 @@ def trace_cmd(
 ) -> None:
     """Write a job's trace as Jaeger trace JSON (for the Jaeger UI's JSON-file upload)
     and as a Chrome/Perfetto trace (ui.perfetto.dev)."""
-    from rdurack.traces.files import write_trace
+    from rdurack.traces.export import write_trace
 
     written = write_trace(job_id, _trace_dir(trace_dir, state_dir), out)
     summary: dict[str, Any] = {
@@ -91,17 +91,16 @@ def plot_cmd(
     """PNGs of a job: its sockets' emulated timeline (a Gantt chart), memory used per
     tier over emulated time, and for training the loss curve and the peak memory and
     accuracy of each stage, all from its trace."""
-    from rdurack.traces.files import job_spans
-    from rdurack.traces.plots import (
+    from rdurack.traces.plotdata.training import (
         loss_points,
-        plot_loss,
-        plot_memory,
-        plot_stages,
-        plot_timeline,
         result_stage_points,
         span_loss_points,
         stage_points,
     )
+    from rdurack.traces.plots.memory import plot_memory
+    from rdurack.traces.plots.timeline import plot_timeline
+    from rdurack.traces.plots.training import plot_loss, plot_stages
+    from rdurack.traces.spans import job_spans
 
     spans, _ = job_spans(job_id, _trace_dir(trace_dir, state_dir))
     out.mkdir(parents=True, exist_ok=True)

@@ -7,7 +7,7 @@ share a file and need no locks between them. Every batch is written as whole lin
 flushed at once, so a process that crashes (or a socket actor that Ray kills, which
 runs no exit handler) loses at most the batch it was writing: at worst a torn last
 line, which `read_records` skips. `rdu trace` and `rdu plot` read these files
-(traces/files.py).
+(traces/spans.py).
 
 One line, one span (times are Unix epoch nanoseconds, ids lower-case hex):
 

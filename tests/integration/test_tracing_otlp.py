@@ -38,8 +38,9 @@ from rdurack.rack.kernels import FusionPlan, Phase
 from rdurack.rack.models import builtin_models
 from rdurack.rack.presets import platform
 from rdurack.telemetry import names
-from rdurack.traces.files import Span, SpanLink, read_trace_dir, select_job, to_jaeger
-from rdurack.traces.files import validate_jaeger as validate
+from rdurack.traces.jaeger import to_jaeger
+from rdurack.traces.jaeger import validate_jaeger as validate
+from rdurack.traces.spans import Span, SpanLink, read_trace_dir, select_job
 from rdurack.v1 import (
     common_pb2,
     job_pb2,
