@@ -46,6 +46,7 @@ from rdurack.client.admin import AdminClient, wait_healthy
 from rdurack.config import Config
 from rdurack.errors import RdurackError
 from rdurack.orchestrator.jobs import JobState
+from rdurack.orchestrator.results import CoeResult
 from rdurack.orchestrator.store import JobStore
 from rdurack.processes import local_rack
 from rdurack.rack.faults import FaultKind
@@ -475,8 +476,8 @@ class ChaosRun:
                     and str(e.payload.get("reason", "")).startswith("retrying")
                 ]
                 report.retried += bool(retries)
-                result = job.result or {}
-                report.rerouted += bool(result.get("rerouted_requests"))
+                coe = job.result if isinstance(job.result, CoeResult) else None
+                report.rerouted += bool(coe and coe.rerouted_requests)
         report.audited = str(path)
 
     def _sleep_until(self, t: float) -> None:
