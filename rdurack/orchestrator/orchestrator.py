@@ -45,7 +45,7 @@ from rdurack.orchestrator.gateway import NodeGateway, NodeView, SocketView
 from rdurack.orchestrator.health import DEAD_AFTER_S, INTERVAL_S, Change, HealthWatcher
 from rdurack.orchestrator.jobs import Job, JobSpec, JobState
 from rdurack.orchestrator.kinds.coe import CoeKind
-from rdurack.orchestrator.kinds.contract import JobKind
+from rdurack.orchestrator.kinds.contract import JobKind, KindContext
 from rdurack.orchestrator.kinds.kernel import KernelKind
 from rdurack.orchestrator.kinds.training import TrainingKind
 from rdurack.orchestrator.scheduler import Scheduler
@@ -101,12 +101,11 @@ class Orchestrator:
         self.models = builtin_models()
         self.scheduler = Scheduler(platform.nodes, platform.node.sockets)
         self._topology = Topology(platform)
-        self._training = TrainingKind(
-            platform, self.models, self.scheduler, progress_chunks, checkpoint_dir
-        )
+        context = KindContext(platform, self.models, self.scheduler, progress_chunks)
+        self._training = TrainingKind(context, checkpoint_dir)
         kinds: dict[str, JobKind] = {
-            "kernel": KernelKind(platform, self.models, self.scheduler, progress_chunks),
-            "coe_inference": CoeKind(platform, self.models, self.scheduler, progress_chunks),
+            "kernel": KernelKind(context),
+            "coe_inference": CoeKind(context),
             "training": self._training,
         }
         self._kinds = kinds

@@ -10,13 +10,17 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import replace
+from pathlib import Path
+from typing import Any
 
 from rdurack.errors import LinkFailure, SocketBusy
 from rdurack.orchestrator.gateway import KernelRun, NodeBeat, NodeView, SocketBeat, SocketView
 from rdurack.orchestrator.jobs import JobSpec, JobState, KernelWorkload
 from rdurack.orchestrator.orchestrator import Orchestrator
+from rdurack.orchestrator.store import JobStore
 from rdurack.rack.faults import Fault
 from rdurack.rack.kernels import Phase
 from rdurack.rack.models import builtin_models
@@ -227,6 +231,21 @@ class FakeClock:
 
     def advance(self, seconds: float) -> None:
         self.now_s += seconds
+
+
+@contextmanager
+def stepped(store_path: Path, gateway: FakeGateway, **options: Any) -> Iterator[Orchestrator]:
+    """An orchestrator on the fake gateway (and `options`), started without its
+    scheduling and health threads: the test runs each round itself. On exit the gate
+    opens (a run the test held must not hold up the workers) and it stops."""
+    o = Orchestrator(JobStore(store_path), gateway, RACK, **options)
+    o.start(background=False)
+    try:
+        yield o
+    finally:
+        gateway.gate.set()
+        o.stop()
+        o.store.close()
 
 
 def until(condition: Callable[[], object], what: str, timeout_s: float = 10) -> None:

@@ -12,8 +12,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from rdurack.orchestrator.orchestrator import Orchestrator
-from rdurack.orchestrator.store import JobStore
-from tests.support.fake_rack import RACK, FakeClock, FakeGateway
+from tests.support.fake_rack import FakeClock, FakeGateway, stepped
 
 
 @pytest.fixture
@@ -40,9 +39,5 @@ def clock() -> FakeClock:
 def orch(tmp_path: Path, gateway: FakeGateway, clock: FakeClock) -> Iterator[Orchestrator]:
     """An orchestrator on the fake gateway and clock, started without its scheduling and
     health threads: the test runs each round (schedule_once, supervise_once)."""
-    o = Orchestrator(JobStore(tmp_path / "jobs.sqlite"), gateway, RACK, poll_s=0.05, clock=clock)
-    o.start(background=False)
-    yield o
-    gateway.gate.set()  # a run the test held must not hold up the workers' shutdown
-    o.stop()
-    o.store.close()
+    with stepped(tmp_path / "jobs.sqlite", gateway, poll_s=0.05, clock=clock) as o:
+        yield o

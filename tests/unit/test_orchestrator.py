@@ -29,6 +29,7 @@ from tests.support.fake_rack import (
     FakeGateway,
     coe,
     spec,
+    stepped,
     until,
     wait_for,
     wait_retried,
@@ -165,14 +166,9 @@ def test_a_restarted_orchestrator_runs_what_was_queued(tmp_path: Path) -> None:
     first = Orchestrator(store, gateway, RACK)  # never started: it only accepts
     ids = [first.submit(spec(sockets=2, steps=3))[0].id for _ in range(5)]
     store.close()
-    second = Orchestrator(JobStore(tmp_path / "jobs.sqlite"), gateway, RACK, poll_s=0.05)
-    second.start(background=False)
-    try:
+    with stepped(tmp_path / "jobs.sqlite", gateway, poll_s=0.05) as second:
         assert second.schedule_once() == 5
         assert [wait_for(second, i) for i in ids] == [JobState.SUCCEEDED] * 5
-    finally:
-        second.stop()
-        second.store.close()
 
 
 def test_wall_start_and_finish_are_recorded(orch: Orchestrator) -> None:

@@ -17,13 +17,13 @@ from rdurack.errors import LinkFailure
 from rdurack.orchestrator.jobs import JobState
 from rdurack.orchestrator.orchestrator import Orchestrator
 from rdurack.orchestrator.results import CoeResult
-from rdurack.orchestrator.store import JobStore
 from tests.support.fake_rack import (
     RACK,
     FakeClock,
     FakeGateway,
     coe,
     spec,
+    stepped,
     until,
     wait_for,
     wait_retried,
@@ -35,20 +35,15 @@ DEAD_AFTER_S = 0.3
 
 @pytest.fixture
 def orch(tmp_path: Path, gateway: FakeGateway, clock: FakeClock) -> Iterator[Orchestrator]:
-    o = Orchestrator(
-        JobStore(tmp_path / "jobs.sqlite"),
+    with stepped(
+        tmp_path / "jobs.sqlite",
         gateway,
-        RACK,
         poll_s=0.05,
         dead_after_s=DEAD_AFTER_S,
         retry_backoff_s=0.0,
         clock=clock,
-    )
-    o.start(background=False)
-    yield o
-    gateway.gate.set()
-    o.stop()
-    o.store.close()
+    ) as o:
+        yield o
 
 
 def retry_reasons(orch: Orchestrator, job_id: str) -> list[str]:
@@ -121,16 +116,7 @@ def test_when_one_node_of_a_job_fails_its_other_node_is_aborted(
 ) -> None:
     """No watcher: a job's own failure on node 1 stops its part on node 0 at once,
     which would otherwise wait for node 1's messages until its timeout."""
-    o = Orchestrator(
-        JobStore(tmp_path / "jobs.sqlite"),
-        gateway,
-        RACK,
-        poll_s=0.05,
-        heartbeat_s=None,
-        max_attempts=1,
-    )
-    o.start(background=False)
-    try:
+    with stepped(tmp_path / "jobs.sqlite", gateway, heartbeat_s=None, max_attempts=1) as o:
         gateway.gate.clear()  # node 0 waits until aborted
         gateway.fail_node = 1
         job, _ = o.submit(spec(sockets=16, steps=2))
@@ -140,10 +126,6 @@ def test_when_one_node_of_a_job_fails_its_other_node_is_aborted(
             j == job.id and "another node of the job failed" in why for j, why in gateway.abort_log
         )
         assert "link down" in o.get(job.id).error
-    finally:
-        gateway.gate.set()
-        o.stop()
-        o.store.close()
 
 
 def test_a_retried_job_waits_its_backoff_before_it_is_placed_again(
@@ -151,16 +133,7 @@ def test_a_retried_job_waits_its_backoff_before_it_is_placed_again(
 ) -> None:
     """On the real clock: rounds run until the job is placed again, which is no sooner
     than its backoff after it was retried (a slow machine: later)."""
-    o = Orchestrator(
-        JobStore(tmp_path / "jobs.sqlite"),
-        gateway,
-        RACK,
-        poll_s=0.01,
-        heartbeat_s=None,
-        retry_backoff_s=0.4,
-    )
-    o.start(background=False)
-    try:
+    with stepped(tmp_path / "jobs.sqlite", gateway, heartbeat_s=None, retry_backoff_s=0.4) as o:
         failures = iter([LinkFailure("link down")])
         gateway.fail = lambda job_id: next(failures, None)
         job, _ = o.submit(spec(sockets=2, steps=1))
@@ -172,44 +145,31 @@ def test_a_retried_job_waits_its_backoff_before_it_is_placed_again(
         retried = next(t for s, t in states if s == "PENDING" and t > states[0][1])
         placed_again = next(t for s, t in states if s == "SCHEDULED" and t > retried)
         assert placed_again - retried >= 0.4  # at least the backoff (a slow machine: more)
-    finally:
-        o.stop()
-        o.store.close()
 
 
 def test_a_retried_jobs_backoff_doubles_with_each_attempt(
     tmp_path: Path, gateway: FakeGateway, clock: FakeClock
 ) -> None:
-    """On the test's clock: no round places the job before its backoff is over."""
-    o = Orchestrator(
-        JobStore(tmp_path / "jobs.sqlite"),
-        gateway,
-        RACK,
-        heartbeat_s=None,
-        retry_backoff_s=0.4,
-        clock=clock,
-    )
-    o.start(background=False)
-    try:
+    """On the test's clock: no round places the job before its backoff is over (times
+    in binary fractions of a second, so the sums are exact)."""
+    options = {"heartbeat_s": None, "retry_backoff_s": 0.5, "clock": clock}
+    with stepped(tmp_path / "jobs.sqlite", gateway, **options) as o:
         failures = iter([LinkFailure("link down"), LinkFailure("link down")])
         gateway.fail = lambda job_id: next(failures, None)
         job, _ = o.submit(spec(sockets=2, steps=1))
         assert o.schedule_once() == 1
         wait_retried(o, job.id, attempts=1)
-        clock.advance(0.39)
-        assert o.schedule_once() == 0  # within its backoff (0.4 s after a first attempt)
-        clock.advance(0.01)
+        clock.advance(0.25)
+        assert o.schedule_once() == 0  # within its backoff (0.5 s after a first attempt)
+        clock.advance(0.25)
         assert o.schedule_once() == 1
         wait_retried(o, job.id, attempts=2)
-        clock.advance(0.79)
-        assert o.schedule_once() == 0  # the backoff doubled: 0.8 s after a second attempt
-        clock.advance(0.01)
+        clock.advance(0.75)
+        assert o.schedule_once() == 0  # the backoff doubled: 1 s after a second attempt
+        clock.advance(0.25)
         assert o.schedule_once() == 1
         assert wait_for(o, job.id) is JobState.SUCCEEDED
         assert o.get(job.id).attempts == 3
-    finally:
-        o.stop()
-        o.store.close()
 
 
 def test_a_coe_job_that_loses_one_replica_is_served_by_the_other_without_a_retry(

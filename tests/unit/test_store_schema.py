@@ -6,7 +6,6 @@ from __future__ import annotations
 import base64
 import json
 import sqlite3
-from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -28,18 +27,13 @@ def spec() -> JobSpec:
 
 @pytest.fixture
 def db_path(tmp_path: Path) -> Path:
-    return tmp_path / "state" / "jobs.sqlite"  # the store creates the directory
+    return tmp_path / "jobs.sqlite"
 
 
-@pytest.fixture
-def store(db_path: Path) -> Iterator[JobStore]:
-    with JobStore(db_path) as s:
-        yield s
-
-
-def test_file_store_uses_wal_and_full_sync(store: JobStore, db_path: Path) -> None:
-    assert store._db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-    assert store._db.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
+def test_file_store_uses_wal_and_full_sync(db_path: Path) -> None:
+    with JobStore(db_path) as store:
+        assert store._db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert store._db.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
     # WAL is a property of the file: another connection sees it too.
     other = sqlite3.connect(db_path)
     try:
@@ -158,30 +152,36 @@ OLD_TRAINING: dict[str, Any] = {
     [(OLD_KERNEL, KernelResult), (OLD_COE, CoeResult), (OLD_TRAINING, TrainingResult)],
 )
 def test_a_result_row_in_the_old_format_loads(
-    store: JobStore, db_path: Path, old: dict[str, Any], model: type[Any]
+    db_path: Path, old: dict[str, Any], model: type[Any]
 ) -> None:
     """A row and a result event written by the code before the result models (plain
     JSON dicts) load as the models, every key and value kept."""
-    store.submit("old", spec())
-    store.add_event("old", "result", old)  # as the old code wrote its result event
+    with JobStore(db_path) as store:
+        store.submit("old", spec())
+        store.add_event("old", "result", old)  # as the old code wrote its result event
     raw = sqlite3.connect(db_path)
     raw.execute(
         "UPDATE jobs SET state = 'SUCCEEDED', result = ? WHERE id = 'old'", (json.dumps(old),)
     )
     raw.commit()
     raw.close()
-    result = store.get("old").result
-    assert isinstance(result, model)
-    assert json.loads(result.model_dump_json(exclude_none=True)) == {"kind": "kernel", **old}
-    assert RESULTS.validate_python(store.events("old")[-1].payload) == result
+    with JobStore(db_path) as store:
+        result = store.get("old").result
+        assert isinstance(result, model)
+        assert json.loads(result.model_dump_json(exclude_none=True)) == {"kind": "kernel", **old}
+        assert RESULTS.validate_python(store.events("old")[-1].payload) == result
 
 
-def test_a_result_is_stored_and_read_back_as_its_model(store: JobStore) -> None:
-    store.submit("j1", spec())
-    store.transition("j1", JobState.CANCELLED)
-    for old in (OLD_KERNEL, OLD_COE, OLD_TRAINING):
-        result = RESULTS.validate_python(old)
-        store.submit(result.kind, spec())
-        store.transition(result.kind, JobState.FAILED, error="x", result=result)
-        assert store.get(result.kind).result == result
-    assert store.get("j1").result is None
+def test_a_result_is_stored_and_read_back_as_its_model(db_path: Path) -> None:
+    with JobStore(db_path) as store:
+        store.submit("none", spec())
+        store.transition("none", JobState.CANCELLED)
+        for old in (OLD_KERNEL, OLD_COE, OLD_TRAINING):
+            result = RESULTS.validate_python(old)
+            store.submit(result.kind, spec())
+            store.transition(result.kind, JobState.FAILED, error="x", result=result)
+    with JobStore(db_path) as store:
+        for old in (OLD_KERNEL, OLD_COE, OLD_TRAINING):
+            result = RESULTS.validate_python(old)
+            assert store.get(result.kind).result == result
+        assert store.get("none").result is None

@@ -17,10 +17,9 @@ from collections.abc import Callable, Sequence
 from rdurack.errors import InvalidRequest, LinkFailure, OneProcessPerSocket, UnknownName
 from rdurack.orchestrator.gateway import NodeGateway
 from rdurack.orchestrator.jobs import JobSpec
-from rdurack.orchestrator.kinds.contract import JobRun, by_node
+from rdurack.orchestrator.kinds.contract import JobRun, KindContext, by_node, workload_of
 from rdurack.orchestrator.kinds.platforms import job_platform
 from rdurack.orchestrator.results import CoeResult
-from rdurack.orchestrator.scheduler import Scheduler
 from rdurack.rack.kernels import FusionPlan
 from rdurack.rack.models import ModelSpec
 from rdurack.rack.spec import PlatformSpec
@@ -35,53 +34,38 @@ from rdurack.workloads.router import Router
 FIELD = "spec.coe_inference"
 
 
-def _workload(spec: JobSpec) -> CoeWorkload:
-    w = spec.workload
-    assert isinstance(w, CoeWorkload), "the registry hands a kind its own jobs only"
-    return w
-
-
 class CoeKind:
-    """CoE jobs on the rack `platform`; progress is reported `progress_chunks` times."""
+    """CoE inference jobs on the rack of `context`."""
 
-    def __init__(
-        self,
-        platform: PlatformSpec,
-        models: dict[str, ModelSpec],
-        scheduler: Scheduler,
-        progress_chunks: int,
-    ) -> None:
-        self.platform = platform
-        self.models = models
-        self.scheduler = scheduler
-        self.progress_chunks = progress_chunks
+    def __init__(self, context: KindContext) -> None:
+        self.context = context
 
     def validate(self, spec: JobSpec) -> None:
         """Refuse, before storing, a CoE job that could never run."""
         _validate(
-            _workload(spec),
-            self.platform,
+            workload_of(spec, CoeWorkload),
+            self.context.platform,
             spec.platform,
             spec.payload_mode == "functional",
-            self.models,
+            self.context.models,
         )
-        self.scheduler.check(spec)
+        self.context.scheduler.check(spec)
 
     def attributes(self, spec: JobSpec) -> dict[str, str]:
-        return {names.ATTR_JOB_MODEL: _workload(spec).expert_model}
+        return {names.ATTR_JOB_MODEL: workload_of(spec, CoeWorkload).expert_model}
 
     def execute(self, job: JobRun) -> None:
         """Serve the job's requests on its replicas; progress at `progress_chunks` marks."""
         start = job.start()
-        w = _workload(job.job.spec)
-        platform = job_platform(self.platform, job.job.spec.platform)
+        w = workload_of(job.job.spec, CoeWorkload)
+        platform = job_platform(self.context.platform, job.job.spec.platform)
         replicas = replica_groups(job.job.sockets, w.tensor_parallel or platform.node.sockets)
         job.run.replicas = replicas
         router = Router.for_catalog(w.num_experts)
         requests = build_requests(w, router)
         marks = {
-            round(len(requests) * k / self.progress_chunks)
-            for k in range(1, self.progress_chunks + 1)
+            round(len(requests) * k / self.context.progress_chunks)
+            for k in range(1, self.context.progress_chunks + 1)
         }
 
         def progress(done: int, total: int, emulated_ns: int) -> None:
@@ -92,7 +76,7 @@ class CoeKind:
         engine = CoeEngine(
             w,
             platform,
-            self.models,
+            self.context.models,
             router.names,
             GatewayReplicas(job.gateway, job.job.id, replicas, job.run.lost.get),
             range(len(replicas)),

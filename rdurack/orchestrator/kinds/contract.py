@@ -1,12 +1,13 @@
-"""The contract between the orchestrator and a job kind: what a kind does (JobKind), and
-what it is handed to run one placed job (JobRun).
+"""The contract between the orchestrator and a job kind: what a kind does (JobKind), what
+it knows of the rack (KindContext), and what it is handed to run one placed job (JobRun).
 
 A kind's `execute` starts the job (`JobRun.start`: RUNNING at the latest emulated clock
 of its sockets; clocks meet at a job's start), runs it on the node agents, calls `check`
 between its steps (a cancelled job stops quietly, a run the health watcher stopped
 fails as lost), reports progress, and records the result (`finish`). Run is the record
 of a placed job that the health watcher may stop (supervision.py); `by_node` groups a
-job's sockets by the node agent that drives them.
+job's sockets by the node agent that drives them, and `workload_of` gives a kind its
+own workload type.
 """
 
 from __future__ import annotations
@@ -22,10 +23,31 @@ from rdurack.errors import LinkFailure, RdurackError
 from rdurack.orchestrator.gateway import NodeGateway
 from rdurack.orchestrator.jobs import Job, JobSpec, JobState
 from rdurack.orchestrator.results import JobResult
+from rdurack.orchestrator.scheduler import Scheduler
 from rdurack.orchestrator.store import JobStore
+from rdurack.rack.models import ModelSpec
+from rdurack.rack.spec import PlatformSpec
 from rdurack.rack.topology import SocketId
 
 T = TypeVar("T")
+W = TypeVar("W")
+
+
+@dataclass(frozen=True)
+class KindContext:
+    """What every job kind knows of the rack it runs jobs on."""
+
+    platform: PlatformSpec  # the rack's own
+    models: dict[str, ModelSpec]  # the model presets jobs may name
+    scheduler: Scheduler  # refuses sizes the rack cannot place
+    progress_chunks: int  # about how many progress events a job reports
+
+
+def workload_of(spec: JobSpec, kind: type[W]) -> W:
+    """The spec's workload, of the type its kind handles."""
+    w = spec.workload
+    assert isinstance(w, kind), "the registry hands a kind its own jobs only"
+    return w
 
 
 @dataclass

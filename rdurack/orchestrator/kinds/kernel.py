@@ -7,58 +7,39 @@ from __future__ import annotations
 from rdurack.errors import InvalidRequest
 from rdurack.orchestrator.gateway import KernelRun
 from rdurack.orchestrator.jobs import JobSpec, KernelWorkload
-from rdurack.orchestrator.kinds.contract import JobRun, by_node
+from rdurack.orchestrator.kinds.contract import JobRun, KindContext, by_node, workload_of
 from rdurack.orchestrator.results import KernelResult
-from rdurack.orchestrator.scheduler import Scheduler
 from rdurack.rack.kernels import Phase, step
-from rdurack.rack.models import ModelSpec
-from rdurack.rack.spec import PlatformSpec
 from rdurack.telemetry import names
 from rdurack.workloads.predictor import Predictor
 
 
-def _workload(spec: JobSpec) -> KernelWorkload:
-    w = spec.workload
-    assert isinstance(w, KernelWorkload), "the registry hands a kind its own jobs only"
-    return w
-
-
 class KernelKind:
-    """Kernel jobs on the rack `platform`; progress is reported `progress_chunks` times."""
+    """Kernel jobs on the rack of `context`."""
 
-    def __init__(
-        self,
-        platform: PlatformSpec,
-        models: dict[str, ModelSpec],
-        scheduler: Scheduler,
-        progress_chunks: int,
-    ) -> None:
-        self.platform = platform
-        self.models = models
-        self.scheduler = scheduler
-        self.progress_chunks = progress_chunks
-        self.predictor = Predictor(platform)
+    def __init__(self, context: KindContext) -> None:
+        self.context = context
+        self.predictor = Predictor(context.platform)
 
     def validate(self, spec: JobSpec) -> None:
         """The wrong platform or payload mode, an unknown model, an impossible socket
         count, a model that does not fit its sockets."""
-        w = _workload(spec)
-        if spec.platform != self.platform.name:
-            raise InvalidRequest(
-                f"spec.platform: this rack is {self.platform.name!r}, not {spec.platform!r}"
-            )
+        w = workload_of(spec, KernelWorkload)
+        rack = self.context.platform.name
+        if spec.platform != rack:
+            raise InvalidRequest(f"spec.platform: this rack is {rack!r}, not {spec.platform!r}")
         if spec.payload_mode == "functional":
             raise InvalidRequest(
                 "spec.payload_mode: FUNCTIONAL kernel jobs need models with real weights; "
                 "the presets have none: use TIMING"
             )
-        if w.model not in self.models:
-            accepted = ", ".join(sorted(self.models))
+        if w.model not in self.context.models:
+            accepted = ", ".join(sorted(self.context.models))
             raise InvalidRequest(
                 f"spec.kernel.model: unknown model {w.model!r}; accepted: {accepted}"
             )
-        self.scheduler.check(spec)
-        model = self.models[w.model]
+        self.context.scheduler.check(spec)
+        model = self.context.models[w.model]
         step(model, w.phase, w.batch_size, w.sequence_length, w.num_sockets)  # TP divides
         kv_tokens = (
             0 if w.phase is Phase.TRAIN else w.batch_size * (w.sequence_length + w.output_tokens)
@@ -66,16 +47,17 @@ class KernelKind:
         self.predictor.check_fits_hbm(model, w.num_sockets, kv_tokens)
 
     def attributes(self, spec: JobSpec) -> dict[str, str]:
-        w = _workload(spec)
+        w = workload_of(spec, KernelWorkload)
         return {names.ATTR_JOB_MODEL: w.model, names.ATTR_JOB_PHASE: w.phase.value}
 
     def execute(self, job: JobRun) -> None:
-        """A decode job's tokens (other phases: one step) in `progress_chunks` chunks."""
+        """A decode job's tokens (other phases: its one step) in the context's
+        `progress_chunks` chunks, progress after each."""
         start = job.start()
-        w = _workload(job.job.spec)
+        w = workload_of(job.job.spec, KernelWorkload)
         nodes = by_node(job.job.sockets)
         total = w.output_tokens if w.phase is Phase.DECODE else 1
-        chunks = _split(total, min(self.progress_chunks, total))
+        chunks = _split(total, min(self.context.progress_chunks, total))
         now, done, calls, hbm_bytes, flops = start, 0, 0, 0, 0
         for steps in chunks:
             job.check()
@@ -103,7 +85,7 @@ class KernelKind:
     ) -> KernelResult:
         """A kernel job's result; bytes, calls and FLOPs are per socket."""
         emulated_s = emulated_ns * 1e-9
-        socket = self.platform.socket
+        socket = self.context.platform.socket
         peak = socket.hbm.bandwidth_bytes_per_s
         tokens_per_s = None
         if w.phase is Phase.DECODE:

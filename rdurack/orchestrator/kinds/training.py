@@ -15,7 +15,7 @@ from typing import Any
 
 from rdurack.errors import InvalidRequest, OneProcessPerSocket
 from rdurack.orchestrator.jobs import JobSpec
-from rdurack.orchestrator.kinds.contract import JobRun, by_node
+from rdurack.orchestrator.kinds.contract import JobRun, KindContext, by_node, workload_of
 from rdurack.orchestrator.kinds.platforms import job_platform
 from rdurack.orchestrator.results import (
     TrainingDiagnostic,
@@ -24,8 +24,6 @@ from rdurack.orchestrator.results import (
     TrainingSocketMemory,
     TrainingStage,
 )
-from rdurack.orchestrator.scheduler import Scheduler
-from rdurack.rack.models import ModelSpec
 from rdurack.rack.spec import PlatformSpec
 from rdurack.telemetry import names
 from rdurack.workloads.training.job import (
@@ -41,37 +39,20 @@ from rdurack.workloads.training.progressive import Stage
 FIELD = "spec.training"
 
 
-def _workload(spec: JobSpec) -> TrainingWorkload:
-    w = spec.workload
-    assert isinstance(w, TrainingWorkload), "the registry hands a kind its own jobs only"
-    return w
-
-
 class TrainingKind:
-    """Training jobs on the rack `platform`; progress is reported about
-    `progress_chunks` times. `checkpoint_dir`: where jobs checkpoint (a directory per
-    job) on a filesystem every node agent sees; None: they do not."""
+    """Training jobs on the rack of `context`. `checkpoint_dir`: where jobs checkpoint
+    (a directory per job) on a filesystem every node agent sees; None: they do not."""
 
-    def __init__(
-        self,
-        platform: PlatformSpec,
-        models: dict[str, ModelSpec],
-        scheduler: Scheduler,
-        progress_chunks: int,
-        checkpoint_dir: Path | None,
-    ) -> None:
-        self.platform = platform
-        self.models = models
-        self.scheduler = scheduler
-        self.progress_chunks = progress_chunks
+    def __init__(self, context: KindContext, checkpoint_dir: Path | None) -> None:
+        self.context = context
         self.checkpoint_dir = checkpoint_dir
 
     def validate(self, spec: JobSpec) -> None:
         """Refuse, before storing, a training job that could never run: the wrong payload
         mode for its model, a rank that does not fit a socket (RESOURCE_EXHAUSTED), a
         size the rack cannot place."""
-        w = _workload(spec)
-        platform = job_platform(self.platform, spec.platform)
+        w = workload_of(spec, TrainingWorkload)
+        platform = job_platform(self.context.platform, spec.platform)
         functional = spec.payload_mode == "functional"
         if w.world_size > platform.sockets:
             raise OneProcessPerSocket(
@@ -85,29 +66,29 @@ class TrainingKind:
         elif w.functional != functional:
             mode = "FUNCTIONAL" if w.functional else "TIMING"
             kind = "a small real numpy model" if w.functional else "a model preset, timed only"
-            presets = ", ".join(sorted(self.models))
+            presets = ", ".join(sorted(self.context.models))
             raise InvalidRequest(
                 f"spec.payload_mode: {w.model!r} is {kind}: run it in {mode} mode "
                 f"(numpy models: {', '.join(NUMPY_MODELS)}; presets: {presets})"
             )
-        check_fits(w, platform, step_cost(w, platform, self.models))
-        self.scheduler.check(spec)
+        check_fits(w, platform, step_cost(w, platform, self.context.models))
+        self.context.scheduler.check(spec)
 
     def attributes(self, spec: JobSpec) -> dict[str, str]:
-        return {names.ATTR_JOB_MODEL: _workload(spec).model}
+        return {names.ATTR_JOB_MODEL: workload_of(spec, TrainingWorkload).model}
 
     def execute(self, job: JobRun) -> None:
         """Segments of steps on every node at once (the ranks meet over the links);
         progress and cancellation between segments."""
         start = job.start()
-        w = _workload(job.job.spec)
-        platform = job_platform(self.platform, job.job.spec.platform)
+        w = workload_of(job.job.spec, TrainingWorkload)
+        platform = job_platform(self.context.platform, job.job.spec.platform)
         ranks = ranks_of(list(job.job.sockets))
         links = {s.socket_id: s.link_address for n in job.gateway.nodes() for s in n.sockets}
         group = [(sid, links.get(sid, "")) for sid in ranks]
         nodes = by_node(ranks)
         checkpoints = str(self.checkpoint_dir / job.job.id) if self.checkpoint_dir else ""
-        name = "" if platform is self.platform else platform.name
+        name = "" if platform is self.context.platform else platform.name
         losses: list[float] = []
         segment, first = 1, True  # the first segment is one step: it tells the total
         while True:
@@ -141,7 +122,7 @@ class TrainingKind:
             )
             if all(r.finished for r in reports):
                 break
-            segment = max(1, lead.total // self.progress_chunks)
+            segment = max(1, lead.total // self.context.progress_chunks)
         result = training_result(w, platform, reports, losses, start)
         job.finish(result, end_ns=max(r.end_ns for r in reports))
 
