@@ -63,6 +63,8 @@ OTHER_TENANT = "(another tenant's job)"  # what a tenant sees of a socket it doe
 
 
 class Orchestrator:
+    """Jobs on one rack, from submission to their result (the module docstring)."""
+
     def __init__(
         self,
         store: JobStore,
@@ -103,12 +105,13 @@ class Orchestrator:
         self._topology = Topology(platform)
         context = KindContext(platform, self.models, self.scheduler, progress_chunks)
         self._training = TrainingKind(context, checkpoint_dir)
-        kinds: dict[str, JobKind] = {
+        # The registry: each JobSpec workload `kind` and the kind that validates and
+        # runs its jobs.
+        self._kinds: dict[str, JobKind] = {
             "kernel": KernelKind(context),
             "coe_inference": CoeKind(context),
             "training": self._training,
         }
-        self._kinds = kinds
         self.health = (
             HealthWatcher(
                 gateway,
@@ -129,7 +132,7 @@ class Orchestrator:
             store,
             gateway,
             self._topology,
-            kinds,
+            self._kinds,
             self.health,
             max_attempts=max_attempts,
             retry_backoff_s=retry_backoff_s,
