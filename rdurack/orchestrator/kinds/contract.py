@@ -2,7 +2,8 @@
 it knows of the rack (KindContext), and what it is handed to run one placed job (JobRun).
 
 A kind's `execute` starts the job (`JobRun.start`: RUNNING at the latest emulated clock
-of its sockets; clocks meet at a job's start), runs it on the node agents, calls `check`
+of its sockets; clocks meet at a job's start), runs it on the node agents (`on_nodes`:
+every node of the job at once; the first to fail aborts the others), calls `check`
 between its steps (a cancelled job stops quietly, a run the health watcher stopped
 fails as lost), reports progress, and records the result (`finish`). Run is the record
 of a placed job that the health watcher may stop (supervision.py); `by_node` groups a
