@@ -1,4 +1,5 @@
-"""Jobs: what a client submits, the states a job moves through, and which moves are legal.
+"""Jobs: what a client submits, the states a job moves through, and which moves are legal;
+a job as the store keeps it (its result is one of results.py's models).
 
     PENDING ──> SCHEDULED ──> RUNNING ──> SUCCEEDED
        │            │            ├──────> FAILED
@@ -22,6 +23,7 @@ from pydantic import Field
 
 from rdurack.config import Config
 from rdurack.errors import InvalidRequest, RdurackError
+from rdurack.orchestrator.results import JobResult
 from rdurack.rack.kernels import FusionPlan, Phase
 from rdurack.workloads.coe_spec import CoeWorkload
 from rdurack.workloads.training.job import TrainingWorkload
@@ -123,7 +125,7 @@ class Job:
     finished_s: float | None = None  # wall clock when it reached a terminal state
     emulated_start_ns: int | None = None
     emulated_end_ns: int | None = None
-    result: dict[str, Any] | None = None
+    result: JobResult | None = None
     error: str = ""
 
     def moved(self, state: JobState, **changes: Any) -> Job:

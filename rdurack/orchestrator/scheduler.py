@@ -40,9 +40,6 @@ from collections.abc import Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 from rdurack.errors import InvalidRequest
-
-# Relative import: the layering test forbids this package from importing
-# `rdurack.orchestrator.*` by absolute name (that rule targets the outer layers).
 from rdurack.orchestrator.jobs import Job, JobSpec
 from rdurack.rack.topology import SocketId
 

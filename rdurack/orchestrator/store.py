@@ -2,7 +2,8 @@
 
 A job is written, and the write is on disk, before the orchestrator acknowledges it; a
 restarted orchestrator opens the same file, calls `recover()` and carries on with every
-job it had. All SQL of the orchestrator lives in this module.
+job it had. All SQL of the orchestrator lives here and in store_schema.py (the file's
+tables, its opening and migration, a row as a Job).
 
 One connection writes for every thread (the gRPC server's workers share the store): a
 lock serializes its use, and every write is atomic, so a job row and the event that
@@ -26,12 +27,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from rdurack.errors import InvalidRequest, RdurackError, UnknownName
+from rdurack.errors import InvalidRequest, UnknownName
 from rdurack.orchestrator.group_commit import GroupCommit
 from rdurack.orchestrator.jobs import Job, JobSpec, JobState
-
-# Bumped whenever the schema changes; kept in the file's `PRAGMA user_version`.
-SCHEMA_VERSION = 2  # 2: jobs have a tenant (migrated from 1 on open)
+from rdurack.orchestrator.store_schema import (
+    JOB_COLUMNS,
+    JobRows,
+    connect,
+    insert_job,
+    open_schema,
+    result_json,
+)
 
 # Job fields `transition` may change. The id, spec, submission order and creation time
 # are fixed at submission; the state and update time are set by `Job.moved`.
@@ -39,74 +45,7 @@ MUTABLE_FIELDS = frozenset(
     {"sockets", "attempts", "emulated_start_ns", "emulated_end_ns", "result", "error"}
 )
 
-# The jobs table, by name: the schema creates it as `jobs`, a migration as a new table
-# it then renames (SQLite cannot change a table's constraints in place).
-_JOBS_TABLE = """
-CREATE TABLE IF NOT EXISTS {name} (
-    id                TEXT PRIMARY KEY,
-    seq               INTEGER NOT NULL UNIQUE,  -- submission order, assigned by the store
-    tenant            TEXT NOT NULL DEFAULT '', -- who submitted it, '' for none (open rack)
-    client_request_id TEXT,                     -- NULL for non-idempotent submissions
-    state             TEXT NOT NULL,
-    priority          INTEGER NOT NULL,         -- copy of spec.priority, for the index
-    spec              TEXT NOT NULL,            -- JobSpec as JSON
-    sockets           TEXT NOT NULL,            -- JSON list of socket names
-    attempts          INTEGER NOT NULL,
-    created_s         REAL NOT NULL,
-    updated_s         REAL NOT NULL,
-    started_s         REAL,                     -- wall clock of the last start
-    finished_s        REAL,                     -- wall clock of the terminal state
-    emulated_start_ns INTEGER,
-    emulated_end_ns   INTEGER,
-    result            TEXT,                     -- JSON object or NULL
-    error             TEXT NOT NULL,
-    -- Idempotency keys are per tenant: one tenant's key never finds another's job.
-    UNIQUE (tenant, client_request_id)
-)"""
-
-_SCHEMA = (
-    _JOBS_TABLE.format(name="jobs")
-    + """;
--- The scheduler's question: the PENDING jobs, highest priority first, then FIFO.
-CREATE INDEX IF NOT EXISTS jobs_by_state ON jobs (state, priority, seq);
--- A tenant's jobs, newest first (ListJobs).
-CREATE INDEX IF NOT EXISTS jobs_by_tenant ON jobs (tenant, seq);
-CREATE TABLE IF NOT EXISTS events (
-    job_id  TEXT NOT NULL REFERENCES jobs (id),
-    seq     INTEGER NOT NULL,                   -- 1, 2, 3... within one job
-    kind    TEXT NOT NULL,
-    payload TEXT NOT NULL,                      -- JSON object
-    time_s  REAL NOT NULL,
-    PRIMARY KEY (job_id, seq)
-);
-"""
-)
-
-# Version 1 had no tenant and a store-wide unique client_request_id.
-_V1_COLUMNS = (
-    "id, seq, client_request_id, state, priority, spec, sockets, attempts, created_s, "
-    "updated_s, started_s, finished_s, emulated_start_ns, emulated_end_ns, result, error"
-)
-_JOB_COLUMNS = "tenant, " + _V1_COLUMNS
-
-# Parsed job specs the store keeps for reuse (see JobStore._spec); about 1-2 KB each.
-SPEC_CACHE = 10_000
-
 RESTART_ERROR = "orchestrator restarted while the job was running (attempt {n} of {m})"
-
-
-class UnsupportedStoreVersion(RdurackError):
-    """The store file was written by a newer rdurack whose schema this one does not know."""
-
-    def __init__(self, path: str, found: int, known: int):
-        self.path, self.found, self.known = path, found, known
-        super().__init__(
-            f"job store {path} has schema version {found}; this rdurack knows versions up "
-            f"to {known}: run a newer rdurack, or point it at another store path"
-        )
-
-    def __reduce__(self) -> tuple[type, tuple[str, int, int]]:
-        return (type(self), (self.path, self.found, self.known))
 
 
 @dataclass(frozen=True)
@@ -128,74 +67,24 @@ class JobStore:
         in_memory = self.path in (":memory:", "")
         if not in_memory:
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-        # isolation_level=None: no implicit transactions; `_write` opens them explicitly,
-        # so what is atomic is visible in the code. check_same_thread=False: the gRPC
-        # worker threads share this connection, and `_lock` serializes them.
-        self._db = _connect(self.path)
+        self._db = connect(self.path)
         self._lock = threading.Lock()
         self._commits = GroupCommit(self._db, self._lock)
-        self._reader, self._read_lock = self._db, self._lock  # a file's: set by _open
-        # Parsed specs by job id (see `_spec`), oldest first; its own lock: rows are
-        # turned into jobs outside `_lock`.
-        self._specs: dict[str, JobSpec] = {}
-        self._specs_lock = threading.Lock()
+        self._reader, self._read_lock = self._db, self._lock  # a file's: set below
+        self._rows = JobRows()
         try:
-            self._open(in_memory)
+            open_schema(self._db, self._write, self.path, in_memory)
+            if not in_memory:
+                # Opened after the schema exists; WAL is a property of the file, so this
+                # connection reads committed data only, without waiting for the writer.
+                self._reader, self._read_lock = connect(self.path), threading.Lock()
+                self._reader.execute("PRAGMA query_only=ON")
         except sqlite3.DatabaseError as e:  # e.g. "file is not a database"
             self._close()
             raise InvalidRequest(f"cannot open job store {self.path}: {e}") from e
         except BaseException:
             self._close()
             raise
-
-    def _open(self, in_memory: bool) -> None:
-        if not in_memory:
-            # WAL: readers never block the writer, and a commit is one append to the log
-            # rather than a rewrite of the pages. (In-memory databases have no WAL.)
-            self._db.execute("PRAGMA journal_mode=WAL")
-        # FULL: each commit is fsynced before it returns. The orchestrator acknowledges a
-        # submission or a state change only after the commit, so an acknowledged job
-        # survives a crash or a power cut; with WAL's usual NORMAL the last commits could
-        # be lost on power failure even though the client was told they were stored.
-        self._db.execute("PRAGMA synchronous=FULL")
-        # Foreign keys are off (SQLite's default) while the schema is made or migrated:
-        # a migration drops and recreates the jobs table that events refer to. They are
-        # checked before the migration commits, and enforced from then on.
-        self._db.execute("PRAGMA foreign_keys=OFF")
-        with self._write() as db:
-            found = int(db.execute("PRAGMA user_version").fetchone()[0])
-            if found > SCHEMA_VERSION:
-                raise UnsupportedStoreVersion(self.path, found, SCHEMA_VERSION)
-            if found == 1:
-                self._migrate_v1(db)
-            # executescript would COMMIT our transaction first; run statement by statement
-            # so the schema and its version appear together.
-            for statement in _SCHEMA.split(";"):
-                if statement.strip():
-                    db.execute(statement)
-            if db.execute("PRAGMA foreign_key_check").fetchone() is not None:
-                raise InvalidRequest(f"job store {self.path}: events refer to missing jobs")
-            if found < SCHEMA_VERSION:
-                db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
-        self._db.execute("PRAGMA foreign_keys=ON")
-        if not in_memory:
-            # Opened after the schema exists; WAL is a property of the file, so this
-            # connection reads committed data only, without waiting for the writer.
-            self._reader, self._read_lock = _connect(self.path), threading.Lock()
-            self._reader.execute("PRAGMA query_only=ON")
-
-    @staticmethod
-    def _migrate_v1(db: sqlite3.Connection) -> None:
-        """Version 1 -> 2: every job gets tenant '' (it was submitted to an open rack),
-        and idempotency keys become unique per tenant. SQLite's way to change a table's
-        constraints: a new table, the rows copied, the old one dropped, the new renamed;
-        all inside the caller's transaction, so a crash leaves version 1 as it was."""
-        db.execute(_JOBS_TABLE.format(name="jobs_v2"))
-        db.execute(
-            f"INSERT INTO jobs_v2 (tenant, {_V1_COLUMNS}) SELECT '', {_V1_COLUMNS} FROM jobs"
-        )
-        db.execute("DROP TABLE jobs")  # its index goes with it; the schema recreates it
-        db.execute("ALTER TABLE jobs_v2 RENAME TO jobs")
 
     # ------------------------------------------------------------------ plumbing
 
@@ -210,49 +99,12 @@ class JobStore:
         with self._read_lock:
             yield self._reader
 
-    def _spec(self, job_id: str, text: str) -> JobSpec:
-        """The job's spec parsed from its JSON, from the cache when it was parsed before.
-
-        A spec never changes after submission, so a parsed (frozen) one is reused: the
-        scheduler reads every queued job each round, and validating thousands of specs
-        per round was most of the orchestrator's CPU under a stream of submissions."""
-        with self._specs_lock:
-            spec = self._specs.get(job_id)
-        if spec is None:
-            spec = JobSpec.model_validate_json(text)
-            with self._specs_lock:
-                self._specs[job_id] = spec
-                if len(self._specs) > SPEC_CACHE:
-                    del self._specs[next(iter(self._specs))]  # the oldest entry
-        return spec
-
-    def _job(self, row: sqlite3.Row) -> Job:
-        result = row["result"]
-        return Job(
-            id=row["id"],
-            spec=self._spec(row["id"], row["spec"]),
-            state=JobState(row["state"]),
-            seq=row["seq"],
-            client_request_id=row["client_request_id"],
-            tenant=row["tenant"],
-            sockets=tuple(json.loads(row["sockets"])),
-            attempts=row["attempts"],
-            created_s=row["created_s"],
-            updated_s=row["updated_s"],
-            started_s=row["started_s"],
-            finished_s=row["finished_s"],
-            emulated_start_ns=row["emulated_start_ns"],
-            emulated_end_ns=row["emulated_end_ns"],
-            result=None if result is None else json.loads(result),
-            error=row["error"],
-        )
-
     def _load(self, db: sqlite3.Connection, job_id: str) -> Job:
-        row = db.execute(f"SELECT {_JOB_COLUMNS} FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        row = db.execute(f"SELECT {JOB_COLUMNS} FROM jobs WHERE id = ?", (job_id,)).fetchone()
         if row is None:
             # No such job. Do not list the accepted ids: a long-lived store has thousands.
             raise UnknownName("job", job_id, accepted=[])
-        return self._job(row)
+        return self._rows.job(row)
 
     @staticmethod
     def _append_event(
@@ -278,7 +130,7 @@ class JobStore:
         new = job.moved(state, **changes)  # raises IllegalTransition
         # Encode before writing anything, so a result that is not JSON changes nothing.
         sockets = json.dumps(list(new.sockets))
-        result = None if new.result is None else json.dumps(new.result)
+        result = result_json(new.result)
         # Compare-and-set on the state we read: if the row moved meanwhile (another
         # writer), nothing is written and the caller re-reads instead of overwriting.
         done = db.execute(
@@ -323,11 +175,11 @@ class JobStore:
         with self._write() as db:
             if client_request_id is not None:
                 row = db.execute(
-                    f"SELECT {_JOB_COLUMNS} FROM jobs WHERE tenant = ? AND client_request_id = ?",
+                    f"SELECT {JOB_COLUMNS} FROM jobs WHERE tenant = ? AND client_request_id = ?",
                     (tenant, client_request_id),
                 ).fetchone()
                 if row is not None:
-                    existing = self._job(row)
+                    existing = self._rows.job(row)
                     if existing.spec != spec:
                         raise InvalidRequest(
                             f"client_request_id {client_request_id!r} was used for a "
@@ -346,29 +198,7 @@ class JobStore:
                 client_request_id=client_request_id,
                 tenant=tenant,
             )
-            db.execute(
-                f"INSERT INTO jobs ({_JOB_COLUMNS}) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (
-                    job.tenant,
-                    job.id,
-                    job.seq,
-                    job.client_request_id,
-                    job.state.value,
-                    spec.priority,
-                    spec.model_dump_json(),
-                    "[]",
-                    job.attempts,
-                    job.created_s,
-                    job.updated_s,
-                    None,
-                    None,
-                    None,
-                    None,
-                    None,
-                    job.error,
-                ),
-            )
+            insert_job(db, job)
             first = json.dumps({"state": job.state.value})
             self._append_event(db, job.id, "state", first, job.created_s)
         return job, True
@@ -391,12 +221,12 @@ class JobStore:
         if tenant is not None:
             where.append("tenant = ?")
             args += (tenant,)
-        query = f"SELECT {_JOB_COLUMNS} FROM jobs"
+        query = f"SELECT {JOB_COLUMNS} FROM jobs"
         if where:
             query += " WHERE " + " AND ".join(where)
         with self._read() as db:
             rows = db.execute(query + " ORDER BY seq", args).fetchall()
-        return [self._job(r) for r in rows]
+        return [self._rows.job(r) for r in rows]
 
     def any_queued(self) -> bool:
         """Whether any job is PENDING (one index lookup, no job read)."""
@@ -413,7 +243,7 @@ class JobStore:
         job queued meanwhile ahead of the position reached waits for the next round."""
         after: tuple[int, int] | None = None  # (priority, seq) of the last job yielded
         while True:
-            query = f"SELECT {_JOB_COLUMNS} FROM jobs WHERE state = ?"
+            query = f"SELECT {JOB_COLUMNS} FROM jobs WHERE state = ?"
             args: tuple[str | int, ...] = (JobState.PENDING.value,)
             if after is not None:
                 query += " AND (priority < ? OR (priority = ? AND seq > ?))"
@@ -422,7 +252,7 @@ class JobStore:
                 cursor = db.execute(query + " ORDER BY priority DESC, seq LIMIT ?", (*args, page))
                 rows = cursor.fetchall()
             for row in rows:
-                yield self._job(row)
+                yield self._rows.job(row)
             if len(rows) < page:
                 return
             after = (rows[-1]["priority"], rows[-1]["seq"])
@@ -437,10 +267,10 @@ class JobStore:
         """PENDING jobs in the order the scheduler should consider them."""
         with self._read() as db:
             rows = db.execute(
-                f"SELECT {_JOB_COLUMNS} FROM jobs WHERE state = ? ORDER BY priority DESC, seq",
+                f"SELECT {JOB_COLUMNS} FROM jobs WHERE state = ? ORDER BY priority DESC, seq",
                 (JobState.PENDING.value,),
             ).fetchall()
-        return [self._job(r) for r in rows]
+        return [self._rows.job(r) for r in rows]
 
     def transition(self, job_id: str, state: JobState, *, reason: str = "", **changes: Any) -> Job:
         """Move a job to `state` (with `changes` to its mutable fields) and record the event.
@@ -505,10 +335,10 @@ class JobStore:
         # next start recovers them all again.
         with self._write() as db:
             rows = db.execute(
-                f"SELECT {_JOB_COLUMNS} FROM jobs WHERE state IN (?, ?) ORDER BY seq",
+                f"SELECT {JOB_COLUMNS} FROM jobs WHERE state IN (?, ?) ORDER BY seq",
                 (JobState.SCHEDULED.value, JobState.RUNNING.value),
             ).fetchall()
-            for job in map(self._job, rows):
+            for job in map(self._rows.job, rows):
                 if job.state is JobState.SCHEDULED:
                     new = self._move(
                         db,
@@ -560,15 +390,6 @@ class JobStore:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _connect(path: str) -> sqlite3.Connection:
-    # isolation_level=None: no implicit transactions; writes open them explicitly, so
-    # what is atomic is visible in the code. check_same_thread=False: the gRPC worker
-    # threads share the connection, and a lock serializes them.
-    db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-    db.row_factory = sqlite3.Row  # columns by name in `_job`
-    return db
 
 
 class _StateChanged(Exception):

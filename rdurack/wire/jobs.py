@@ -11,6 +11,7 @@ from pydantic import ValidationError
 from rdurack.errors import InvalidRequest
 from rdurack.orchestrator.gateway import NodeView
 from rdurack.orchestrator.jobs import Job, JobSpec, JobState
+from rdurack.orchestrator.results import RESULTS, JobResult
 from rdurack.orchestrator.store import Event
 from rdurack.v1 import common_pb2, job_pb2, rack_pb2
 from rdurack.wire import rack as convert
@@ -132,22 +133,12 @@ def timestamp(seconds: float) -> Timestamp:
     return t
 
 
-def result_to_proto(result: dict[str, Any]) -> job_pb2.JobResult:
-    kind = result.get("kind")
-    if kind in ("coe_inference", "training"):
-        fields = {k: v for k, v in result.items() if k != "kind"}
-        msg = job_pb2.JobResult()
-        json_format.ParseDict({kind: fields}, msg, ignore_unknown_fields=True)
-        return msg
-    return job_pb2.JobResult(
-        kernel=job_pb2.KernelResult(
-            emulated_s=float(result.get("emulated_s", 0.0)),
-            kernel_calls=int(result.get("kernel_calls", 0)),
-            hbm_bandwidth_utilization=float(result.get("hbm_bandwidth_utilization", 0.0)),
-            compute_utilization=float(result.get("compute_utilization", 0.0)),
-            tokens_per_s=float(result.get("tokens_per_s", 0.0)),
-        )
-    )
+def result_to_proto(result: JobResult) -> job_pb2.JobResult:
+    """The result's kind names the JobResult oneof field it sets; its fields are the
+    message's (a field left None, such as a kernel's tokens_per_s outside decode, is
+    left unset)."""
+    fields = result.model_dump(mode="json", exclude={"kind"}, exclude_none=True)
+    return json_format.ParseDict({result.kind: fields}, job_pb2.JobResult())
 
 
 def job_to_proto(job: Job) -> job_pb2.Job:
@@ -186,8 +177,8 @@ def event_to_proto(event: Event) -> job_pb2.JobEvent:
                 reason=str(p.get("reason") or p.get("error") or ""),
             )
         )
-    elif event.kind == "result":
-        msg.result.CopyFrom(result_to_proto(p))
+    elif event.kind == "result":  # a result as JSON (a kernel's may have no kind)
+        msg.result.CopyFrom(result_to_proto(RESULTS.validate_python(p)))
     elif event.kind == "progress":
         msg.progress.CopyFrom(
             job_pb2.JobProgress(fraction=float(p["fraction"]), message=str(p.get("message", "")))

@@ -7,7 +7,7 @@ from typing import Any
 
 from google.protobuf import json_format
 
-from rdurack.orchestrator.training_job import stage_fields
+from rdurack.orchestrator.kinds.training import stage_fields
 from rdurack.v1 import job_pb2, node_agent_pb2
 from rdurack.workloads.training.job import RankReport, TrainingWorkload
 
@@ -124,7 +124,8 @@ def report_from_proto(m: node_agent_pb2.RankTraining) -> RankReport:
 
 def stage_to_proto(d: dict[str, Any]) -> job_pb2.TrainingStage:
     """One rank's stage (StageReport.to_dict(), with its emulated_s) as a message."""
-    return json_format.ParseDict(stage_fields([d]), job_pb2.TrainingStage())
+    fields = stage_fields([d]).model_dump(mode="json", exclude_none=True)
+    return json_format.ParseDict(fields, job_pb2.TrainingStage())
 
 
 def stage_from_proto(m: job_pb2.TrainingStage) -> dict[str, Any]:

@@ -1,17 +1,26 @@
-"""A rack in memory for the orchestrator's tests: the fake gateway, job specs, and
-waits on a running orchestrator (with deadlines, never a bare sleep)."""
+"""A rack in memory for the orchestrator's tests: the fake gateway, a clock the test
+advances, job specs, and waits on the runs of an orchestrator (with deadlines, never a
+bare sleep).
+
+The tests step the orchestrator (`start(background=False)`): they run each scheduling
+round (`schedule_once`) and health round (`supervise_once`) themselves; only the jobs'
+runs execute on the orchestrator's workers, and the tests wait on those."""
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import replace
+from pathlib import Path
+from typing import Any
 
 from rdurack.errors import LinkFailure, SocketBusy
 from rdurack.orchestrator.gateway import KernelRun, NodeBeat, NodeView, SocketBeat, SocketView
 from rdurack.orchestrator.jobs import JobSpec, JobState, KernelWorkload
 from rdurack.orchestrator.orchestrator import Orchestrator
+from rdurack.orchestrator.store import JobStore
 from rdurack.rack.faults import Fault
 from rdurack.rack.kernels import Phase
 from rdurack.rack.models import builtin_models
@@ -53,6 +62,7 @@ class FakeGateway:
         # survivor waiting for the dead one's messages does, until aborted.
         self.dead_fails_at_once = True
         self.fail_node: int | None = None  # this node's part of every run fails at once
+        self.at_gate: dict[str, int] = {}  # job -> its calls held at the closed gate now
 
     def nodes(self) -> list[NodeView]:
         with self.lock:
@@ -153,16 +163,29 @@ class FakeGateway:
         """Hold a run while the gate is closed; fail it once aborted, or at once on a
         dead socket (`dead_fails_at_once`) or a silent node."""
         deadline = time.monotonic() + 10
-        while True:
+        with self.lock:
+            self.at_gate[job_id] = self.at_gate.get(job_id, 0) + 1
+        try:
+            while True:
+                with self.lock:
+                    if job_id in self.aborted:
+                        raise LinkFailure(f"aborted: {self.aborted[job_id]}")
+                    dead = self.dead_fails_at_once and set(sockets) & self.dead
+                    if dead or node in self.silent:
+                        raise LinkFailure(f"node {node}: a socket actor of {job_id} is dead")
+                if self.gate.wait(timeout=0.01):
+                    return
+                assert time.monotonic() < deadline, "the gate stayed closed"
+        finally:
             with self.lock:
-                if job_id in self.aborted:
-                    raise LinkFailure(f"aborted: {self.aborted[job_id]}")
-                dead = self.dead_fails_at_once and set(sockets) & self.dead
-                if dead or node in self.silent:
-                    raise LinkFailure(f"node {node}: a socket actor of {job_id} is dead")
-            if self.gate.wait(timeout=0.01):
-                return
-            assert time.monotonic() < deadline, "the gate stayed closed"
+                self.at_gate[job_id] -= 1
+                if not self.at_gate[job_id]:
+                    del self.at_gate[job_id]
+
+    def held_at_gate(self, job_id: str) -> bool:
+        """Whether a call of the job waits at the closed gate now."""
+        with self.lock:
+            return job_id in self.at_gate
 
     def run_program(
         self, node: int, job_id: str, sockets: Sequence[str], ops: Sequence[Op], start_ns: int
@@ -194,23 +217,72 @@ def spec(sockets: int = 8, steps: int = 20, model: str = "llama2-7b", **kw: obje
     return JobSpec.model_validate({"workload": workload, **kw})
 
 
+class FakeClock:
+    """Monotonic seconds that move only when the test says so (the orchestrator's and
+    its health watcher's clock: backoffs and heartbeat deadlines)."""
+
+    def __init__(self) -> None:
+        # Not 0: like time.monotonic, never near it (the health watcher reads a last
+        # answer at 0 as none).
+        self.now_s = 1000.0
+
+    def __call__(self) -> float:
+        return self.now_s
+
+    def advance(self, seconds: float) -> None:
+        self.now_s += seconds
+
+
+@contextmanager
+def stepped(store_path: Path, gateway: FakeGateway, **options: Any) -> Iterator[Orchestrator]:
+    """An orchestrator on the fake gateway (and `options`), started without its
+    scheduling and health threads: the test runs each round itself. On exit the gate
+    opens (a run the test held must not hold up the workers) and it stops."""
+    o = Orchestrator(JobStore(store_path), gateway, RACK, **options)
+    o.start(background=False)
+    try:
+        yield o
+    finally:
+        gateway.gate.set()
+        o.stop()
+        o.store.close()
+
+
+def until(condition: Callable[[], object], what: str, timeout_s: float = 10) -> None:
+    """Return once `condition()` holds; fail naming `what` after `timeout_s` (wall)."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"{what}: not within {timeout_s:g} s"
+        time.sleep(0.005)  # poll: the runs are on the orchestrator's worker threads
+
+
+def over(orch: Orchestrator, job_id: str) -> bool:
+    """Whether the job's run is over: no socket holds the job (its worker released
+    them), so a next round sees its sockets free."""
+    return all(s.job_id != job_id for n in orch.rack() for s in n.sockets)
+
+
 def wait_for(orch: Orchestrator, job_id: str, timeout_s: float = 10) -> JobState:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        state = orch.get(job_id).state
-        if state.terminal:
-            return state
-        time.sleep(0.01)
-    raise AssertionError(f"{job_id} still {orch.get(job_id).state}")
+    """The job's final state, once it is finished and its run is over."""
+    until(
+        lambda: orch.get(job_id).state.terminal and over(orch, job_id),
+        f"{job_id} finished (still {orch.get(job_id).state})",
+        timeout_s,
+    )
+    return orch.get(job_id).state
 
 
-def wait_active(orch: Orchestrator, count: int, timeout_s: float = 10) -> None:
-    """Until `count` jobs hold sockets (SCHEDULED or RUNNING): a loaded machine may take
-    a while to run the scheduling thread."""
-    deadline = time.monotonic() + timeout_s
-    while len(orch.jobs([JobState.SCHEDULED, JobState.RUNNING])) < count:
-        assert time.monotonic() < deadline, f"fewer than {count} jobs placed"
-        time.sleep(0.01)
+def wait_retried(orch: Orchestrator, job_id: str, attempts: int, timeout_s: float = 10) -> None:
+    """Until the job is queued again after its `attempts`-th start, its run over."""
+    until(
+        lambda: (
+            (j := orch.get(job_id)).state is JobState.PENDING
+            and j.attempts == attempts
+            and over(orch, job_id)
+        ),
+        f"{job_id} retried after attempt {attempts}",
+        timeout_s,
+    )
 
 
 def coe(platform_name: str = "sn40l-rack16", **fields: object) -> JobSpec:

@@ -1,5 +1,5 @@
 """Fixtures of the unit tests: an in-memory span exporter for tests of tracing; the fake
-gateway and an orchestrator on it."""
+gateway, a clock the test advances, and an orchestrator on them that the test steps."""
 
 from __future__ import annotations
 
@@ -12,8 +12,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from rdurack.orchestrator.orchestrator import Orchestrator
-from rdurack.orchestrator.store import JobStore
-from tests.support.fake_rack import RACK, FakeGateway
+from tests.support.fake_rack import FakeClock, FakeGateway, stepped
 
 
 @pytest.fixture
@@ -32,10 +31,13 @@ def gateway() -> FakeGateway:
 
 
 @pytest.fixture
-def orch(tmp_path: Path, gateway: FakeGateway) -> Iterator[Orchestrator]:
-    """An orchestrator on the fake gateway, its scheduling thread running."""
-    o = Orchestrator(JobStore(tmp_path / "jobs.sqlite"), gateway, RACK, poll_s=0.05)
-    o.start()
-    yield o
-    o.stop()
-    o.store.close()
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def orch(tmp_path: Path, gateway: FakeGateway, clock: FakeClock) -> Iterator[Orchestrator]:
+    """An orchestrator on the fake gateway and clock, started without its scheduling and
+    health threads: the test runs each round (schedule_once, supervise_once)."""
+    with stepped(tmp_path / "jobs.sqlite", gateway, poll_s=0.05, clock=clock) as o:
+        yield o

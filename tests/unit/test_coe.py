@@ -11,6 +11,7 @@ import pytest
 from rdurack.errors import InvalidRequest, OutOfMemory
 from rdurack.node_agent.socket import Socket
 from rdurack.orchestrator.jobs import JobSpec
+from rdurack.orchestrator.results import CoeResult
 from rdurack.rack.clock import EmulatedClock
 from rdurack.rack.kernels import FusionPlan, Phase
 from rdurack.rack.memory import TieredMemory
@@ -277,7 +278,7 @@ def test_a_coe_spec_and_its_result_round_trip_through_the_proto() -> None:
     back = job_convert.spec_from_proto(job_convert.spec_to_proto(JobSpec(workload=zero_skew)), "")
     assert back.workload == zero_skew  # an explicit 0 survives proto3's zero-is-unset
     report = engine_run(CoeWorkload(prompts=["a", "b"], output_tokens=3))
-    result = job_convert.result_to_proto({"kind": "coe_inference", **report.to_dict()})
+    result = job_convert.result_to_proto(CoeResult.model_validate(report.to_dict()))
     r = result.coe_inference
     assert r.requests == 2 and r.emulated_s == report.emulated_s
     assert [q.expert for q in r.per_request] == [q.expert for q in report.per_request]

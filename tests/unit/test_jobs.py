@@ -18,6 +18,7 @@ from rdurack.orchestrator.jobs import (
     KernelWorkload,
     parse_state,
 )
+from rdurack.orchestrator.results import KernelResult
 from rdurack.rack.kernels import FusionPlan, Phase
 
 SPEC = JobSpec(
@@ -57,7 +58,7 @@ def test_the_happy_path_and_a_retry() -> None:
     job = job.moved(JobState.RUNNING, attempts=1)
     job = job.moved(JobState.PENDING, sockets=())  # retried after a failure
     job = job.moved(JobState.SCHEDULED).moved(JobState.RUNNING, attempts=2)
-    done = job.moved(JobState.SUCCEEDED, result={"emulated_s": 1.0})
+    done = job.moved(JobState.SUCCEEDED, result=KernelResult(emulated_s=1.0))
     assert done.state is JobState.SUCCEEDED and done.attempts == 2
     assert job.state is JobState.RUNNING  # jobs are immutable values
 

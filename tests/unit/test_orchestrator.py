@@ -1,8 +1,10 @@
-"""The orchestrator core with an in-memory gateway: scheduling, running, failures."""
+"""The orchestrator core with an in-memory gateway: scheduling, running, failures.
+
+The tests step the orchestrator: each scheduling round a test needs, it runs
+(`schedule_once`); the jobs it places run on the orchestrator's workers."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -16,34 +18,37 @@ from rdurack.errors import (
 )
 from rdurack.orchestrator.jobs import IllegalTransition, JobSpec, JobState
 from rdurack.orchestrator.orchestrator import Orchestrator
+from rdurack.orchestrator.results import CoeResult, KernelResult
 from rdurack.orchestrator.store import JobStore
 from rdurack.workloads.training.job import TrainingWorkload
 from tests.support.fake_rack import (
     RACK,
     STEP_FLOPS,
     STEP_NS,
+    FakeClock,
     FakeGateway,
     coe,
     spec,
-    wait_active,
+    stepped,
+    until,
     wait_for,
+    wait_retried,
 )
 
 
 def test_a_job_runs_to_success_with_its_result(orch: Orchestrator, gateway: FakeGateway) -> None:
     job, created = orch.submit(spec(steps=20))
     assert created and job.state is JobState.PENDING
+    assert orch.schedule_once() == 1
     assert wait_for(orch, job.id) is JobState.SUCCEEDED
     done = orch.get(job.id)
     assert len(done.sockets) == 8 and {s.split("-")[1] for s in done.sockets} == {"n0"}
     assert done.emulated_end_ns - done.emulated_start_ns == 20 * STEP_NS  # type: ignore[operator]
-    assert done.result is not None and done.result["kernel_calls"] == 60
-    assert done.result["tokens_per_s"] == pytest.approx(20 / (20 * STEP_NS * 1e-9))
+    assert isinstance(done.result, KernelResult) and done.result.kernel_calls == 60
+    assert done.result.tokens_per_s == pytest.approx(20 / (20 * STEP_NS * 1e-9))
     # Achieved FLOP/s of a socket over its peak: the sockets' FLOPs over the job's time.
     achieved = 20 * STEP_FLOPS / (20 * STEP_NS * 1e-9)
-    assert done.result["compute_utilization"] == pytest.approx(
-        achieved / RACK.socket.peak_flops_per_s
-    )
+    assert done.result.compute_utilization == pytest.approx(achieved / RACK.socket.peak_flops_per_s)
     kinds = [e.kind for e in orch.events(job.id)]
     assert kinds[:4] == ["state", "state", "state", "progress"]
     assert kinds[-2:] == ["result", "state"]
@@ -57,6 +62,7 @@ def test_a_job_starts_at_the_latest_clock_of_its_sockets(
 ) -> None:
     gateway.clock["rdu-n0-s3"] = 5_000_000
     job, _ = orch.submit(spec(sockets=8, steps=1))
+    assert orch.schedule_once() == 1
     wait_for(orch, job.id)
     assert orch.get(job.id).emulated_start_ns == 5_000_000
 
@@ -87,14 +93,16 @@ def test_impossible_jobs_are_refused_before_they_are_stored(
 
 
 def test_gang_queueing_never_overcommits(orch: Orchestrator, gateway: FakeGateway) -> None:
-    gateway.gate.clear()  # hold every run until all three are submitted
+    gateway.gate.clear()  # hold every run until the rounds below are done
     jobs = [orch.submit(spec(sockets=8))[0] for _ in range(3)]
-    wait_active(orch, 2)
-    time.sleep(0.1)  # a further round must not place the third
+    assert orch.schedule_once() == 2
+    assert orch.schedule_once() == 0  # a further round must not place the third
     states = [orch.get(j.id).state for j in jobs]
     assert states.count(JobState.PENDING) == 1  # the rack holds two 8-socket jobs
     gateway.gate.set()
-    assert [wait_for(orch, j.id) for j in jobs] == [JobState.SUCCEEDED] * 3
+    assert [wait_for(orch, j.id) for j in jobs[:2]] == [JobState.SUCCEEDED] * 2
+    assert orch.schedule_once() == 1  # their sockets are free again
+    assert wait_for(orch, jobs[2].id) is JobState.SUCCEEDED
     assert gateway.max_running <= 2
 
 
@@ -102,7 +110,7 @@ def test_cancel_pending_and_finished(orch: Orchestrator, gateway: FakeGateway) -
     gateway.gate.clear()
     running = [orch.submit(spec(sockets=8))[0] for _ in range(2)]
     queued, _ = orch.submit(spec(sockets=8))
-    wait_active(orch, 2)
+    assert orch.schedule_once() == 2
     assert orch.cancel(queued.id).state is JobState.CANCELLED
     cancelled_running = orch.cancel(running[0].id)
     assert cancelled_running.state is JobState.CANCELLED
@@ -111,14 +119,12 @@ def test_cancel_pending_and_finished(orch: Orchestrator, gateway: FakeGateway) -
     assert orch.get(running[0].id).state is JobState.CANCELLED  # the late worker did not win
     with pytest.raises(IllegalTransition, match="finished"):
         orch.cancel(running[1].id)
-    deadline = time.monotonic() + 5
-    while gateway.held and time.monotonic() < deadline:
-        time.sleep(0.01)
+    until(lambda: not gateway.held, "the cancelled job's sockets released", timeout_s=5)
     assert not gateway.held
 
 
 def test_a_link_failure_is_retried_and_a_bad_run_fails(
-    orch: Orchestrator, gateway: FakeGateway
+    orch: Orchestrator, gateway: FakeGateway, clock: FakeClock
 ) -> None:
     failures = {"flaky": 1}
 
@@ -134,14 +140,20 @@ def test_a_link_failure_is_retried_and_a_bad_run_fails(
     gateway.fail = fail
     flaky, _ = orch.submit(spec(name="flaky"))
     broken, _ = orch.submit(spec(name="broken"))
-    assert wait_for(orch, flaky.id) is JobState.SUCCEEDED
-    assert orch.get(flaky.id).attempts == 2
+    assert orch.schedule_once() == 2
     assert wait_for(orch, broken.id) is JobState.FAILED
     assert orch.get(broken.id).error == "the model exploded"
+    wait_retried(orch, flaky.id, attempts=1)
+    assert orch.schedule_once() == 0  # its backoff (1 s after a first attempt) not over
+    clock.advance(1.0)
+    assert orch.schedule_once() == 1
+    assert wait_for(orch, flaky.id) is JobState.SUCCEEDED
+    assert orch.get(flaky.id).attempts == 2
 
 
 def test_watch_streams_until_the_job_ends(orch: Orchestrator) -> None:
     job, _ = orch.submit(spec(steps=5))
+    assert orch.schedule_once() == 1
     events = list(orch.watch(job.id))
     assert events[-1].kind == "state" and events[-1].payload["state"] == "SUCCEEDED"
     assert [e.seq for e in events] == list(range(1, len(events) + 1))
@@ -154,17 +166,14 @@ def test_a_restarted_orchestrator_runs_what_was_queued(tmp_path: Path) -> None:
     first = Orchestrator(store, gateway, RACK)  # never started: it only accepts
     ids = [first.submit(spec(sockets=2, steps=3))[0].id for _ in range(5)]
     store.close()
-    second = Orchestrator(JobStore(tmp_path / "jobs.sqlite"), gateway, RACK, poll_s=0.05)
-    second.start()
-    try:
+    with stepped(tmp_path / "jobs.sqlite", gateway, poll_s=0.05) as second:
+        assert second.schedule_once() == 5
         assert [wait_for(second, i) for i in ids] == [JobState.SUCCEEDED] * 5
-    finally:
-        second.stop()
-        second.store.close()
 
 
 def test_wall_start_and_finish_are_recorded(orch: Orchestrator) -> None:
     job, _ = orch.submit(spec(steps=2))
+    assert orch.schedule_once() == 1
     wait_for(orch, job.id)
     done = orch.get(job.id)
     assert done.started_s is not None and done.finished_s is not None
@@ -176,22 +185,24 @@ def test_wall_start_and_finish_are_recorded(orch: Orchestrator) -> None:
 
 def test_a_coe_job_serves_its_requests_and_reports(orch: Orchestrator) -> None:
     job, _ = orch.submit(coe(num_experts=30, num_sockets=16, prompts=["a", "b", "c"]))
+    assert orch.schedule_once() == 1
     assert wait_for(orch, job.id) is JobState.SUCCEEDED
     done = orch.get(job.id)
-    assert done.result is not None and done.result["kind"] == "coe_inference"
-    assert done.result["requests"] == 3 and not done.result["oom"]
+    assert isinstance(done.result, CoeResult) and done.result.kind == "coe_inference"
+    assert done.result.requests == 3 and not done.result.oom
     assert done.emulated_end_ns is not None and done.emulated_start_ns is not None
     emulated = (done.emulated_end_ns - done.emulated_start_ns) * 1e-9
-    assert emulated == pytest.approx(done.result["emulated_s"], abs=1e-9)
+    assert emulated == pytest.approx(done.result.emulated_s, abs=1e-9)
     kinds = [e.kind for e in orch.events(job.id)]
     assert kinds.count("result") == 1 and "progress" in kinds
 
 
 def test_a_dgx_that_cannot_hold_the_experts_fails_with_oom(orch: Orchestrator) -> None:
     job, _ = orch.submit(coe("dgx-a100", num_experts=150))
+    assert orch.schedule_once() == 1
     assert wait_for(orch, job.id) is JobState.FAILED
     failed = orch.get(job.id)
-    assert failed.result is not None and failed.result["oom"] is True
+    assert isinstance(failed.result, CoeResult) and failed.result.oom is True
     assert "143 fit" in failed.error
 
 

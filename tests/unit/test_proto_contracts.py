@@ -418,7 +418,8 @@ def test_a_ranks_report_round_trips_with_its_stages_and_tier_peaks() -> None:
 
 
 def test_a_training_result_carries_stages_and_each_sockets_peaks() -> None:
-    from rdurack.orchestrator.training_job import stage_fields
+    from rdurack.orchestrator.kinds.training import stage_fields
+    from rdurack.orchestrator.results import TrainingResult
     from rdurack.wire import jobs as job_convert
 
     stages = [stage_fields([_stage("full", None, False), _stage("full", None, False)])]
@@ -438,7 +439,7 @@ def test_a_training_result_carries_stages_and_each_sockets_peaks() -> None:
         ],
         "stages": stages,
     }
-    msg = job_convert.result_to_proto(result).training
+    msg = job_convert.result_to_proto(TrainingResult.model_validate(result)).training
     assert msg.strategy == "progressive" and msg.hbm_cap_bytes == 128_000
     assert msg.socket_memory[0].peak_hbm_bytes == 2**33 and msg.peak_ddr_bytes == 7
     (stage,) = msg.stages

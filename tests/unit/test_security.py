@@ -8,7 +8,6 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +28,7 @@ from rdurack.security.auth import OPEN, Authenticator, load_tokens
 from rdurack.security.tls import TlsConfig, tls_from
 from rdurack.v1 import common_pb2, job_pb2, job_pb2_grpc, rack_pb2, rack_pb2_grpc
 from tests.support.certs import RackCerts
-from tests.support.fake_rack import RACK, FakeGateway
+from tests.support.fake_rack import RACK, FakeGateway, until, wait_for
 from tests.support.grpc_calls import call, methods, request_class
 from tests.support.tokens import TOKENS, write_tokens
 
@@ -58,10 +57,11 @@ def served(tmp_path: Path, rack_certs: RackCerts) -> Iterator[Served]:
     o = Orchestrator(
         JobStore(tmp_path / "jobs.sqlite"), gateway, RACK, poll_s=0.05, quotas=auth.quotas()
     )
-    o.start()
+    o.start(background=False)  # the tests run the scheduling rounds they need
     server = serve_api(o, auth, tls=rack_certs.member, health_port=0)
     yield Served(o, gateway, server, rack_certs.client)
     server.stop(0)
+    gateway.gate.set()
     o.stop()
     o.store.close()
 
@@ -127,6 +127,7 @@ def test_a_tenant_sees_watches_and_cancels_only_its_own_jobs(served: Served) -> 
     job = alice.SubmitJob(kernel(sockets=2), timeout=5).job
     assert job.tenant == "alice"
     mine = bob.SubmitJob(kernel(sockets=2), timeout=5).job
+    assert served.orchestrator.schedule_once() == 2
 
     refused = []
     for job_id in (job.id, "0123456789ab"):  # alice's job, and an id no job has
@@ -195,20 +196,16 @@ def test_a_tenant_never_holds_more_sockets_than_its_quota(served: Served) -> Non
     second = alice.SubmitJob(kernel(sockets=8), timeout=5).job
     other = served.stub("bob").SubmitJob(kernel(sockets=4), timeout=5).job
     o = served.orchestrator
-    deadline = time.monotonic() + 10
-    while len(o.jobs([JobState.RUNNING])) < 2:
-        assert time.monotonic() < deadline, "alice's first job and bob's never both ran"
-        time.sleep(0.01)
-    time.sleep(0.3)  # several scheduling rounds (poll 0.05 s): the second must still wait
+    assert o.schedule_once() == 2  # alice's first job and bob's
+    until(lambda: len(o.jobs([JobState.RUNNING])) == 2, "alice's first job and bob's running")
+    assert o.schedule_once() == 0  # a further round: the second must still wait
     running = {j.id for j in o.jobs([JobState.SCHEDULED, JobState.RUNNING])}
     assert running == {first.id, other.id}
     assert o.get(second.id).state is JobState.PENDING
     served.gateway.gate.set()
-    deadline = time.monotonic() + 10
-    while not o.get(second.id).state.terminal:
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
-    assert o.get(second.id).state is JobState.SUCCEEDED
+    assert wait_for(o, first.id) is JobState.SUCCEEDED
+    assert o.schedule_once() == 1  # within her quota again
+    assert wait_for(o, second.id) is JobState.SUCCEEDED
 
 
 # ------------------------------------------------------------------ TLS and health

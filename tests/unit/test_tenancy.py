@@ -11,8 +11,10 @@ import pytest
 from rdurack.errors import InvalidRequest, PermissionDenied, QuotaExceeded, UnknownName
 from rdurack.orchestrator.jobs import Job, JobSpec, JobState, KernelWorkload
 from rdurack.orchestrator.orchestrator import Orchestrator
+from rdurack.orchestrator.results import KernelResult
 from rdurack.orchestrator.scheduler import Scheduler
-from rdurack.orchestrator.store import SCHEMA_VERSION, JobStore
+from rdurack.orchestrator.store import JobStore
+from rdurack.orchestrator.store_schema import SCHEMA_VERSION
 from rdurack.rack.kernels import Phase
 from tests.support.fake_rack import RACK, FakeGateway
 
@@ -56,7 +58,7 @@ def test_a_version_1_store_is_migrated_with_its_jobs_and_events(tmp_path: Path) 
     with JobStore(path) as store:
         old = store.get("old1")
         assert (old.tenant, old.state, old.client_request_id) == ("", JobState.SUCCEEDED, "req-1")
-        assert old.result == {"emulated_s": 1e-08} and store.events("old1")[0].seq == 1
+        assert old.result == KernelResult(emulated_s=1e-08) and store.events("old1")[0].seq == 1
         # Idempotency keys are per tenant now: another tenant may use "req-1".
         new, created = store.submit("new1", spec(), "req-1", tenant="alice")
         assert created and new.seq == 2 and new.tenant == "alice"

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rdurack.orchestrator.jobs import JobState
+from rdurack.orchestrator.results import CoeResult
 from rdurack.orchestrator.store import JobStore
 
 
@@ -102,8 +103,8 @@ def audit(report: ChaosReport, path: Path, ids: Iterable[str]) -> None:
                 and str(e.payload.get("reason", "")).startswith("retrying")
             ]
             report.retried += bool(retries)
-            result = job.result or {}
-            report.rerouted += bool(result.get("rerouted_requests"))
+            coe = job.result if isinstance(job.result, CoeResult) else None
+            report.rerouted += bool(coe and coe.rerouted_requests)
     report.audited = str(path)
 
 

@@ -1,10 +1,13 @@
-"""CoE inference jobs on the rack: what is refused up front, and the executor that runs
-the serving engine's programs on the node agents (through the NodeGateway).
+"""CoE inference jobs on the rack: what is refused up front, the run (the serving
+engine's programs on the node agents, through the NodeGateway), and its result
+(CoeResult, the engine's report; a bundle too big for its platform fails the job with
+it).
 
 A job's sockets split into replicas of `tensor_parallel` sockets, each inside one node;
 the engine (workloads/coe.py) sends each batch to one replica as one program, and the
-replica's sockets run it together. A job on another platform (a DGX) runs on socket
-actors loaded with that platform's spec for the job's duration.
+replica's sockets run it together. A replica whose socket or agent dies is lost alone:
+its requests are re-routed to the others. A job on another platform (a DGX) runs on
+socket actors loaded with that platform's spec for the job's duration.
 """
 
 from __future__ import annotations
@@ -13,13 +16,17 @@ from collections.abc import Callable, Sequence
 
 from rdurack.errors import InvalidRequest, LinkFailure, OneProcessPerSocket, UnknownName
 from rdurack.orchestrator.gateway import NodeGateway
-from rdurack.orchestrator.platforms import job_platform
+from rdurack.orchestrator.jobs import JobSpec
+from rdurack.orchestrator.kinds.contract import JobRun, KindContext, by_node, workload_of
+from rdurack.orchestrator.kinds.platforms import job_platform
+from rdurack.orchestrator.results import CoeResult
 from rdurack.rack.kernels import FusionPlan
 from rdurack.rack.models import ModelSpec
 from rdurack.rack.spec import PlatformSpec
 from rdurack.rack.topology import SocketId
-from rdurack.workloads.coe import check_functional
-from rdurack.workloads.coe_report import ReplicaFailed
+from rdurack.telemetry import names
+from rdurack.workloads.coe import CoeEngine, check_functional
+from rdurack.workloads.coe_report import CoeOutOfMemory, CoeReport, ReplicaFailed
 from rdurack.workloads.coe_spec import CoeWorkload, build_requests
 from rdurack.workloads.program import Op, ProgramRun, combine
 from rdurack.workloads.router import Router
@@ -27,11 +34,72 @@ from rdurack.workloads.router import Router
 FIELD = "spec.coe_inference"
 
 
-def validate_coe(
+class CoeKind:
+    """CoE inference jobs on the rack of `context`."""
+
+    def __init__(self, context: KindContext) -> None:
+        self.context = context
+
+    def validate(self, spec: JobSpec) -> None:
+        """Refuse, before storing, a CoE job that could never run."""
+        _validate(
+            workload_of(spec, CoeWorkload),
+            self.context.platform,
+            spec.platform,
+            spec.payload_mode == "functional",
+            self.context.models,
+        )
+        self.context.scheduler.check(spec)
+
+    def attributes(self, spec: JobSpec) -> dict[str, str]:
+        return {names.ATTR_JOB_MODEL: workload_of(spec, CoeWorkload).expert_model}
+
+    def execute(self, job: JobRun) -> None:
+        """Serve the job's requests on its replicas; progress at `progress_chunks` marks."""
+        start = job.start()
+        w = workload_of(job.job.spec, CoeWorkload)
+        platform = job_platform(self.context.platform, job.job.spec.platform)
+        replicas = replica_groups(job.job.sockets, w.tensor_parallel or platform.node.sockets)
+        job.run.replicas = replicas
+        router = Router.for_catalog(w.num_experts)
+        requests = build_requests(w, router)
+        marks = {
+            round(len(requests) * k / self.context.progress_chunks)
+            for k in range(1, self.context.progress_chunks + 1)
+        }
+
+        def progress(done: int, total: int, emulated_ns: int) -> None:
+            job.check()
+            if done in marks or done == total:
+                job.progress(done / total, f"{done} of {total} requests", start + emulated_ns)
+
+        engine = CoeEngine(
+            w,
+            platform,
+            self.context.models,
+            router.names,
+            GatewayReplicas(job.gateway, job.job.id, replicas, job.run.lost.get),
+            range(len(replicas)),
+            functional=job.job.spec.payload_mode == "functional",
+            start_ns=start,
+            progress=progress,
+        )
+        try:
+            report = engine.run(requests)
+        except CoeOutOfMemory as e:
+            job.finish(_result(e.report), error=e.report.oom_reason)
+            return
+        job.finish(_result(report), end_ns=start + round(report.emulated_s * 1e9))
+
+
+def _result(report: CoeReport) -> CoeResult:
+    return CoeResult.model_validate(report.to_dict())
+
+
+def _validate(
     w: CoeWorkload, rack: PlatformSpec, platform_name: str, functional: bool,
     models: dict[str, ModelSpec],
 ) -> None:  # fmt: skip
-    """Refuse, before storing, a CoE job that could never run."""
     platform = job_platform(rack, platform_name)
     node = rack.node.sockets
     tp = w.tensor_parallel or platform.node.sockets
@@ -81,12 +149,10 @@ def validate_coe(
 
 def replica_groups(sockets: Sequence[str], tp: int) -> list[tuple[int, list[str]]]:
     """(node, TP group) of each replica: a node's sockets in order, `tp` at a time."""
-    by_node: dict[int, list[str]] = {}
-    for s in sorted(sockets, key=lambda s: (SocketId.parse(s).node, SocketId.parse(s).index)):
-        by_node.setdefault(SocketId.parse(s).node, []).append(s)
+    ordered = sorted(sockets, key=lambda s: (SocketId.parse(s).node, SocketId.parse(s).index))
     return [
         (node, ids[i : i + tp])
-        for node, ids in sorted(by_node.items())
+        for node, ids in sorted(by_node(ordered).items())
         for i in range(0, len(ids), tp)
     ]
 

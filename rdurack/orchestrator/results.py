@@ -1,0 +1,179 @@
+"""What a finished job reports: one frozen model per job kind, tagged by `kind` as the
+JobSpec's workload is, with the fields of the proto's results (rdurack.v1 KernelResult,
+CoeInferenceResult, TrainingResult; wire/jobs.py converts them).
+
+The job store keeps a result as JSON. Rows written before these models held plain JSON
+dicts of the same keys, and still load: a result without a `kind` is a kernel job's
+(its dict had none), and a field it lacks reads as the proto's default, as the dicts'
+conversion to protos read it. So every field here has its proto default.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import ConfigDict, Discriminator, Field, Tag, TypeAdapter
+
+from rdurack.config import Config
+
+
+class Result(Config):
+    """Base of the results: Config, except that a number may be NaN (a result is a
+    measurement: a diverged loss is reported as it is), written as JSON's NaN as
+    json.dumps wrote it before."""
+
+    model_config = ConfigDict(allow_inf_nan=True, ser_json_inf_nan="constants")  # merged
+
+
+class KernelResult(Result):
+    """A kernel job's outcome; calls, bytes and FLOPs are per socket."""
+
+    kind: Literal["kernel"] = "kernel"
+    emulated_s: float = 0.0
+    kernel_calls: int = 0
+    hbm_bandwidth_utilization: float = 0.0  # achieved over peak, 0..1
+    compute_utilization: float = 0.0  # achieved FLOP/s over peak, 0..1
+    tokens_per_s: float | None = None  # decode jobs only
+
+
+class CoeRequestResult(Result):
+    """One request of a CoE job (workloads/coe_report.py's RequestResult)."""
+
+    index: int = 0
+    expert: str = ""
+    replica: int = 0  # the TP group that served it
+    arrival_s: float = 0.0
+    ttft_s: float = 0.0
+    tpot_s: float = 0.0
+    e2e_s: float = 0.0
+    switch_s: float = 0.0  # its group's expert switch, 0 on a hit
+    hit: bool = False
+    output_tokens: int = 0
+    tokens: tuple[int, ...] = ()  # functional mode: the generated tokens
+    rerouted: bool = False  # served here after its first replica failed
+
+
+class CoeResult(Result):
+    """A CoE inference job's outcome (also a FAILED job's, with `oom`): the serving
+    engine's CoeReport (workloads/coe_report.py), emulated seconds."""
+
+    kind: Literal["coe_inference"] = "coe_inference"
+    platform: str = ""
+    decode_plan: str = ""
+    requests: int = 0
+    emulated_s: float = 0.0
+    tokens: int = 0
+    tokens_per_s: float = 0.0
+    router_s: float = 0.0
+    switch_s: float = 0.0  # all switching, summed over replicas
+    switches: int = 0
+    hbm_hit_rate: float = 0.0
+    p50_latency_s: float = 0.0
+    p99_latency_s: float = 0.0
+    p50_ttft_s: float = 0.0
+    p99_ttft_s: float = 0.0
+    mean_tpot_s: float = 0.0
+    switches_per_expert: dict[str, int] = Field(default_factory=dict)
+    oom: bool = False
+    oom_reason: str = ""
+    diagnostics: tuple[str, ...] = ()
+    per_request: tuple[CoeRequestResult, ...] = ()
+    rerouted_requests: int = 0
+    failed_replicas: tuple[int, ...] = ()
+
+
+class TrainingDiagnostic(Result):
+    code: str = ""  # "replicas-differ", "duplicate-samples", ...
+    message: str = ""
+    step: int = 0  # optimizer steps done when it was found
+
+
+class TrainingMemory(Result):
+    """HBM one rank holds, bytes."""
+
+    weights: int = 0
+    gradients: int = 0
+    optimizer: int = 0
+    activations: int = 0
+    movement: int = 0  # progressive: the freezing metric's sample
+    total: int = 0
+
+
+class TrainingStage(Result):
+    """One stage of a training job: the whole model, or one block of a progressive
+    job's shrinking or growing stage."""
+
+    name: str = ""  # "full", "shrink block 3", ...
+    phase: str = ""  # "full", "shrink" or "grow"
+    block: int | None = None
+    start_step: int = 0
+    steps: int = 0
+    converged: bool = False  # ended by the movement metric, not its step budget
+    frozen_at_step: int | None = None
+    movement: float | None = None
+    test_accuracy: float | None = None
+    final_loss: float | None = None
+    peak_hbm_bytes: int = 0  # on a socket (a job's: the largest over its sockets)
+    peak_ddr_bytes: int = 0
+    emulated_s: float = 0.0
+
+
+class TrainingSocketMemory(Result):
+    """One socket's peaks over a job, bytes."""
+
+    socket_id: str = ""
+    peak_sram_bytes: int = 0
+    peak_hbm_bytes: int = 0
+    peak_ddr_bytes: int = 0
+
+
+class TrainingResult(Result):
+    """A training job's outcome, emulated seconds (the proto's comments say what each
+    field is)."""
+
+    kind: Literal["training"] = "training"
+    emulated_s: float = 0.0
+    steps_completed: int = 0
+    samples_per_s: float = 0.0
+    exposed_allreduce_s: float = 0.0
+    step_time_s: float = 0.0
+    peak_hbm_bytes: int = 0
+    diagnostics: tuple[TrainingDiagnostic, ...] = ()
+    losses: tuple[float, ...] = ()
+    memory: TrainingMemory = TrainingMemory()
+    compute_s: float = 0.0
+    allreduce_s: float = 0.0
+    world_size: int = 0
+    start_step: int = 0
+    checkpoints: tuple[str, ...] = ()
+    platform: str = ""
+    model: str = ""
+    # A client's own loop: each rank's return value, pickled, in base64 (proto3 JSON's
+    # form of bytes, and the stored form).
+    loop_results: tuple[str, ...] = ()
+    final_loss: float | None = None
+    test_accuracy: float | None = None
+    strategy: str = ""
+    hbm_cap_bytes: int = 0
+    peak_ddr_bytes: int = 0
+    socket_memory: tuple[TrainingSocketMemory, ...] = ()
+    stages: tuple[TrainingStage, ...] = ()
+
+
+def _kind(value: Any) -> str:
+    """The tag of a result, as a model or as its JSON dict (a kernel's had none)."""
+    if isinstance(value, dict):
+        return str(value.get("kind", "kernel"))
+    return str(getattr(value, "kind", "kernel"))
+
+
+# The kinds are the proto's JobResult oneof names, and the JobSpec workloads' kinds.
+JobResult = Annotated[
+    Annotated[KernelResult, Tag("kernel")]
+    | Annotated[CoeResult, Tag("coe_inference")]
+    | Annotated[TrainingResult, Tag("training")],
+    Discriminator(_kind),
+]
+
+# Reads a result from its stored JSON, or from a result event's payload.
+RESULTS: TypeAdapter[JobResult] = TypeAdapter(JobResult)
