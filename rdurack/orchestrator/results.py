@@ -37,7 +37,7 @@ class KernelResult(Result):
 
 
 class CoeRequestResult(Result):
-    """One request of a CoE job (workloads/coe_report.py's RequestResult)."""
+    """One request of a CoE job (workloads/coe/report.py's RequestResult)."""
 
     index: int = 0
     expert: str = ""
@@ -55,7 +55,7 @@ class CoeRequestResult(Result):
 
 class CoeResult(Result):
     """A CoE inference job's outcome (also a FAILED job's, with `oom`): the serving
-    engine's CoeReport (workloads/coe_report.py), emulated seconds."""
+    engine's CoeReport (workloads/coe/report.py), emulated seconds."""
 
     kind: Literal["coe_inference"] = "coe_inference"
     platform: str = ""

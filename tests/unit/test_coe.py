@@ -21,14 +21,15 @@ from rdurack.rack.spec import Tier
 from rdurack.v1 import job_pb2
 from rdurack.wire import jobs as job_convert
 from rdurack.wire.programs import run_from_proto, run_to_proto
-from rdurack.workloads.bundle import BundleShare, PredictedReplicas
-from rdurack.workloads.coe import CoeEngine
-from rdurack.workloads.coe_report import CoeOutOfMemory, CoeReport, ReplicaFailed
-from rdurack.workloads.coe_spec import CoeWorkload, PoissonLoad, TraceRequest, build_requests
+from rdurack.workloads.coe.bundle import BundleShare, PredictedReplicas
+from rdurack.workloads.coe.engine import CoeEngine
+from rdurack.workloads.coe.report import CoeOutOfMemory, CoeReport, ReplicaFailed
+from rdurack.workloads.coe.router import Router, tokenize
+from rdurack.workloads.coe.spec import CoeWorkload, PoissonLoad, TraceRequest, build_requests
 from rdurack.workloads.predictor import CoeSetting, Predictor, predict_coe, switch_time_s
 from rdurack.workloads.program import Deploy, Generate, Kernel, Op, ProgramRun, Switch, combine
-from rdurack.workloads.router import Router, tokenize
-from rdurack.workloads.tiny_lm import TinyLM, TinyLMConfig, reference_generate
+from rdurack.workloads.tiny_lm.generation import reference_generate
+from rdurack.workloads.tiny_lm.model import TinyLM, TinyLMConfig
 
 MODELS = builtin_models()
 RACK = platform("sn40l-rack16")

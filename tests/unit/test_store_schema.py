@@ -18,7 +18,7 @@ from rdurack.orchestrator.results import RESULTS, CoeResult, KernelResult, Train
 from rdurack.orchestrator.store import JobStore
 from rdurack.orchestrator.store_schema import SCHEMA_VERSION, UnsupportedStoreVersion
 from rdurack.rack.kernels import Phase
-from rdurack.workloads.coe_report import CoeReport, RequestResult
+from rdurack.workloads.coe.report import CoeReport, RequestResult
 
 
 def spec() -> JobSpec:

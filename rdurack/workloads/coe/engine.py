@@ -38,9 +38,9 @@ from rdurack.errors import InvalidRequest, OutOfMemory
 from rdurack.rack.kernels import FusionPlan, Phase
 from rdurack.rack.models import ModelSpec
 from rdurack.rack.spec import PlatformSpec
-from rdurack.workloads.bundle import kv_tokens_bytes
-from rdurack.workloads.coe_report import CoeOutOfMemory, CoeReport, ReplicaFailed, RequestResult
-from rdurack.workloads.coe_spec import CoeRequest, CoeWorkload
+from rdurack.workloads.coe.bundle import kv_tokens_bytes
+from rdurack.workloads.coe.report import CoeOutOfMemory, CoeReport, ReplicaFailed, RequestResult
+from rdurack.workloads.coe.spec import CoeRequest, CoeWorkload
 from rdurack.workloads.predictor import Predictor, switch_time_s
 from rdurack.workloads.program import Deploy, Generate, Kernel, Op, OpRun, ProgramRun, Switch
 
