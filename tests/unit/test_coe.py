@@ -279,7 +279,7 @@ def test_a_coe_spec_and_its_result_round_trip_through_the_proto() -> None:
     back = job_convert.spec_from_proto(job_convert.spec_to_proto(JobSpec(workload=zero_skew)), "")
     assert back.workload == zero_skew  # an explicit 0 survives proto3's zero-is-unset
     report = engine_run(CoeWorkload(prompts=["a", "b"], output_tokens=3))
-    result = job_convert.result_to_proto(CoeResult.model_validate(report.to_dict()))
+    result = job_convert.result_to_proto(CoeResult.model_validate(report.model_dump()))
     r = result.coe_inference
     assert r.requests == 2 and r.emulated_s == report.emulated_s
     assert [q.expert for q in r.per_request] == [q.expert for q in report.per_request]
@@ -319,7 +319,7 @@ def test_a_failed_replicas_requests_are_rerouted_and_each_is_served_once() -> No
         build_requests(w, router)
     )
     assert sorted(r.index for r in report.per_request) == list(range(40))  # none lost, none twice
-    assert report.failed_replicas == [1]
+    assert report.failed_replicas == (1,)
     moved = [r for r in report.per_request if r.rerouted]
     assert report.rerouted_requests == len(moved) > 0
     assert all(r.replica == 0 for r in moved)  # served by the replica left

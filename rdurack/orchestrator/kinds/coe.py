@@ -93,7 +93,7 @@ class CoeKind:
 
 
 def _result(report: CoeReport) -> CoeResult:
-    return CoeResult.model_validate(report.to_dict())
+    return CoeResult.model_validate(report.model_dump())
 
 
 def _validate(
