@@ -26,7 +26,7 @@ from rdurack.security.guard import Bounds
 from rdurack.security.tls import TlsConfig
 from rdurack.v1 import job_pb2, job_pb2_grpc, rack_pb2, rack_pb2_grpc
 from rdurack.wire import jobs as jc
-from rdurack.workloads.coe_spec import MAX_PROMPT_CHARS, MAX_REQUESTS
+from rdurack.workloads.coe.spec import MAX_PROMPT_CHARS, MAX_REQUESTS
 from rdurack.workloads.training.job import MAX_LOOP_BYTES
 
 JOB_SERVICE = job_pb2.DESCRIPTOR.services_by_name["JobService"].full_name

@@ -17,7 +17,7 @@ from rdurack.errors import InvalidRequest
 from rdurack.rack.kernels import FusionPlan
 from rdurack.v1 import job_pb2
 from rdurack.wire.rack import PLAN_TO_PROTO
-from rdurack.workloads.coe_spec import MAX_REQUESTS, TraceRequest
+from rdurack.workloads.coe.spec import MAX_REQUESTS, TraceRequest
 
 
 def read_trace(path: Path) -> list[job_pb2.CoeTraceRequest]:

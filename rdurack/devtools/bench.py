@@ -26,12 +26,12 @@ from rdurack.devtools.bench_rack import bench_rack
 from rdurack.devtools.bench_training import bench_progressive
 from rdurack.rack.models import builtin_models
 from rdurack.rack.presets import builtin_platforms
-from rdurack.workloads.bundle import PredictedReplicas
-from rdurack.workloads.coe import CoeEngine
-from rdurack.workloads.coe_spec import CoeWorkload, PoissonLoad, build_requests
+from rdurack.workloads.coe.bundle import PredictedReplicas
+from rdurack.workloads.coe.engine import CoeEngine
+from rdurack.workloads.coe.router import Router
+from rdurack.workloads.coe.spec import CoeWorkload, PoissonLoad, build_requests
 from rdurack.workloads.paper import PaperStudy
 from rdurack.workloads.predictor import CoeSetting, Predictor, predict_coe
-from rdurack.workloads.router import Router
 
 Benchmark = Callable[[], list[BenchFigure]]
 

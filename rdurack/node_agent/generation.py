@@ -1,5 +1,5 @@
 """Functional generation on a socket: a program's Generate op (workloads/program.py)
-computed by a tiny expert (workloads/tiny_lm.py), this socket's TP shard of it, with
+computed by a tiny expert (workloads/tiny_lm/), this socket's TP shard of it, with
 real ring all-reduces over the socket's links.
 
 Those all-reduces run on a scratch clock and scratch link busy times: the Kernel ops
@@ -15,9 +15,10 @@ from rdurack.errors import InvalidRequest
 from rdurack.node_agent.collective_engine import CollectiveEngine
 from rdurack.rack.clock import EmulatedClock
 from rdurack.rack.topology import SocketId
-from rdurack.workloads.bundle import BundleShare
+from rdurack.workloads.coe.bundle import BundleShare
 from rdurack.workloads.program import Generate
-from rdurack.workloads.tiny_lm import TinyLM, TinyLMConfig, TinyLMShard, generate
+from rdurack.workloads.tiny_lm.generation import generate
+from rdurack.workloads.tiny_lm.model import TinyLM, TinyLMConfig, TinyLMShard
 
 
 class TinyExperts:

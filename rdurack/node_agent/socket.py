@@ -4,7 +4,7 @@ A plain class (Ray wraps it in node_agent/actors.py, the one place that knows Ra
 it is tested without Ray. A socket serves one job at a time, and holds what the job
 put on its tiers (node_agent/job_memory.py) until the job releases it. Kernels advance
 its clock by what the rack/ timing model says; programs run on it as
-workloads/bundle.py says, a functional Generate op with real all-reduces
+workloads/coe/bundle.py says, a functional Generate op with real all-reduces
 (node_agent/generation.py); collectives run over its gRPC links on its clock
 (node_agent/collective_engine.py); a training job runs as a DDP rank on it
 (node_agent/training/, imported only when a job trains). With `time_scale` > 0 its
@@ -41,7 +41,7 @@ from rdurack.rack.topology import SocketId, Topology
 from rdurack.security.tls import TlsConfig
 from rdurack.telemetry import names
 from rdurack.telemetry.propagation import extract
-from rdurack.workloads.bundle import ProgramRunner
+from rdurack.workloads.coe.bundle import ProgramRunner
 from rdurack.workloads.predictor import Predictor
 from rdurack.workloads.program import Op, ProgramRun
 

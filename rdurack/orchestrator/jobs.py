@@ -25,7 +25,7 @@ from rdurack.config import Config
 from rdurack.errors import InvalidRequest, RdurackError
 from rdurack.orchestrator.results import JobResult
 from rdurack.rack.kernels import FusionPlan, Phase
-from rdurack.workloads.coe_spec import CoeWorkload
+from rdurack.workloads.coe.spec import CoeWorkload
 from rdurack.workloads.training.job import TrainingWorkload
 
 

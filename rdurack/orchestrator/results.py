@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import ConfigDict, Discriminator, Field, Tag, TypeAdapter
+from pydantic import ConfigDict, Discriminator, Tag, TypeAdapter
 
 from rdurack.config import Config
+from rdurack.workloads.coe.report import CoeReport
 
 
 class Result(Config):
@@ -36,50 +37,11 @@ class KernelResult(Result):
     tokens_per_s: float | None = None  # decode jobs only
 
 
-class CoeRequestResult(Result):
-    """One request of a CoE job (workloads/coe_report.py's RequestResult)."""
-
-    index: int = 0
-    expert: str = ""
-    replica: int = 0  # the TP group that served it
-    arrival_s: float = 0.0
-    ttft_s: float = 0.0
-    tpot_s: float = 0.0
-    e2e_s: float = 0.0
-    switch_s: float = 0.0  # its group's expert switch, 0 on a hit
-    hit: bool = False
-    output_tokens: int = 0
-    tokens: tuple[int, ...] = ()  # functional mode: the generated tokens
-    rerouted: bool = False  # served here after its first replica failed
-
-
-class CoeResult(Result):
+class CoeResult(Result, CoeReport):
     """A CoE inference job's outcome (also a FAILED job's, with `oom`): the serving
-    engine's CoeReport (workloads/coe_report.py), emulated seconds."""
+    engine's report (workloads/coe/report.py), tagged."""
 
     kind: Literal["coe_inference"] = "coe_inference"
-    platform: str = ""
-    decode_plan: str = ""
-    requests: int = 0
-    emulated_s: float = 0.0
-    tokens: int = 0
-    tokens_per_s: float = 0.0
-    router_s: float = 0.0
-    switch_s: float = 0.0  # all switching, summed over replicas
-    switches: int = 0
-    hbm_hit_rate: float = 0.0
-    p50_latency_s: float = 0.0
-    p99_latency_s: float = 0.0
-    p50_ttft_s: float = 0.0
-    p99_ttft_s: float = 0.0
-    mean_tpot_s: float = 0.0
-    switches_per_expert: dict[str, int] = Field(default_factory=dict)
-    oom: bool = False
-    oom_reason: str = ""
-    diagnostics: tuple[str, ...] = ()
-    per_request: tuple[CoeRequestResult, ...] = ()
-    rerouted_requests: int = 0
-    failed_replicas: tuple[int, ...] = ()
 
 
 class TrainingDiagnostic(Result):

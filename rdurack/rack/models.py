@@ -120,7 +120,7 @@ def builtin_models() -> dict[str, ModelSpec]:
         # Small enough for one socket to hold a whole replica: DDP (data parallel) demos.
         _m("llama3.2-1b", 16, 2048, 32, 8, 8192, 128256, tied=True),
     ]
-    # rdurack's own functional-mode expert: the shapes of workloads/tiny_lm.py's default
+    # rdurack's own functional-mode expert: the shapes of workloads/tiny_lm/'s default
     # TinyLMConfig, float64 weights (a test keeps the two equal).
     models.append(
         ModelSpec(
@@ -133,7 +133,7 @@ def builtin_models() -> dict[str, ModelSpec]:
             vocab=256,
             bytes_per_param=8,
             mlp="plain",
-            source="rdurack workloads/tiny_lm.py: a tiny real model for functional runs",
+            source="rdurack workloads/tiny_lm/: a tiny real model for functional runs",
         )
     )
     return {m.name: m for m in models}

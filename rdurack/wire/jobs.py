@@ -16,7 +16,7 @@ from rdurack.orchestrator.store import Event
 from rdurack.v1 import common_pb2, job_pb2, rack_pb2
 from rdurack.wire import rack as convert
 from rdurack.wire import training as training_convert
-from rdurack.workloads.coe_spec import CoeWorkload
+from rdurack.workloads.coe.spec import CoeWorkload
 from rdurack.workloads.training.job import TrainingWorkload
 
 STATE_TO_PROTO = {s: common_pb2.JobState.Value(f"JOB_STATE_{s.value}") for s in JobState}

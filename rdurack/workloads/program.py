@@ -3,7 +3,7 @@
 A CoE batch is a short program (route, then per expert: switch it in, prefill, decode),
 and a node agent hands it to each socket of its TP group in one call, so a batch costs
 one round trip per node, not one per kernel. The same ops run on the fast predictor's
-model of a node (workloads/coe.py, `PredictedNode`) and on the socket actors
+model of a node (workloads/coe/bundle.py, `PredictedReplicas`) and on the socket actors
 (node_agent/socket.py), so both give the same emulated times.
 
 Bytes are per socket (its 1/group share) unless a name says otherwise; times are

@@ -14,10 +14,11 @@ from rdurack.rack.kernels import FusionPlan
 from rdurack.rack.models import builtin_models
 from rdurack.rack.presets import platform
 from rdurack.v1 import common_pb2, job_pb2
-from rdurack.workloads.coe import expert_seed
+from rdurack.workloads.coe.engine import expert_seed
+from rdurack.workloads.coe.router import Router, tokenize
 from rdurack.workloads.predictor import CoeSetting, Predictor, predict_coe
-from rdurack.workloads.router import Router, tokenize
-from rdurack.workloads.tiny_lm import TinyLM, TinyLMConfig, reference_generate
+from rdurack.workloads.tiny_lm.generation import reference_generate
+from rdurack.workloads.tiny_lm.model import TinyLM, TinyLMConfig
 from tests.support.control import (
     FAILED,
     SUCCEEDED,

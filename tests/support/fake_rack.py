@@ -27,8 +27,8 @@ from rdurack.rack.models import builtin_models
 from rdurack.rack.presets import platform
 from rdurack.rack.spec import PlatformSpec
 from rdurack.rack.topology import Topology
-from rdurack.workloads.bundle import PredictedReplicas
-from rdurack.workloads.coe_spec import CoeWorkload
+from rdurack.workloads.coe.bundle import PredictedReplicas
+from rdurack.workloads.coe.spec import CoeWorkload
 from rdurack.workloads.program import Deploy, Op, ProgramRun
 from rdurack.workloads.training.job import RankReport
 

@@ -21,14 +21,15 @@ from rdurack.rack.spec import Tier
 from rdurack.v1 import job_pb2
 from rdurack.wire import jobs as job_convert
 from rdurack.wire.programs import run_from_proto, run_to_proto
-from rdurack.workloads.bundle import BundleShare, PredictedReplicas
-from rdurack.workloads.coe import CoeEngine
-from rdurack.workloads.coe_report import CoeOutOfMemory, CoeReport, ReplicaFailed
-from rdurack.workloads.coe_spec import CoeWorkload, PoissonLoad, TraceRequest, build_requests
+from rdurack.workloads.coe.bundle import BundleShare, PredictedReplicas
+from rdurack.workloads.coe.engine import CoeEngine
+from rdurack.workloads.coe.report import CoeOutOfMemory, CoeReport, ReplicaFailed
+from rdurack.workloads.coe.router import Router, tokenize
+from rdurack.workloads.coe.spec import CoeWorkload, PoissonLoad, TraceRequest, build_requests
 from rdurack.workloads.predictor import CoeSetting, Predictor, predict_coe, switch_time_s
 from rdurack.workloads.program import Deploy, Generate, Kernel, Op, ProgramRun, Switch, combine
-from rdurack.workloads.router import Router, tokenize
-from rdurack.workloads.tiny_lm import TinyLM, TinyLMConfig, reference_generate
+from rdurack.workloads.tiny_lm.generation import reference_generate
+from rdurack.workloads.tiny_lm.model import TinyLM, TinyLMConfig
 
 MODELS = builtin_models()
 RACK = platform("sn40l-rack16")
@@ -278,7 +279,7 @@ def test_a_coe_spec_and_its_result_round_trip_through_the_proto() -> None:
     back = job_convert.spec_from_proto(job_convert.spec_to_proto(JobSpec(workload=zero_skew)), "")
     assert back.workload == zero_skew  # an explicit 0 survives proto3's zero-is-unset
     report = engine_run(CoeWorkload(prompts=["a", "b"], output_tokens=3))
-    result = job_convert.result_to_proto(CoeResult.model_validate(report.to_dict()))
+    result = job_convert.result_to_proto(CoeResult.model_validate(report.model_dump()))
     r = result.coe_inference
     assert r.requests == 2 and r.emulated_s == report.emulated_s
     assert [q.expert for q in r.per_request] == [q.expert for q in report.per_request]
@@ -318,7 +319,7 @@ def test_a_failed_replicas_requests_are_rerouted_and_each_is_served_once() -> No
         build_requests(w, router)
     )
     assert sorted(r.index for r in report.per_request) == list(range(40))  # none lost, none twice
-    assert report.failed_replicas == [1]
+    assert report.failed_replicas == (1,)
     moved = [r for r in report.per_request if r.rerouted]
     assert report.rerouted_requests == len(moved) > 0
     assert all(r.replica == 0 for r in moved)  # served by the replica left

@@ -9,7 +9,7 @@ import pytest
 from rdurack.api.job_service import JOB_BOUNDS, MAX_ID
 from rdurack.errors import InvalidRequest
 from rdurack.v1 import common_pb2, job_pb2, link_pb2
-from rdurack.workloads.coe_spec import MAX_PROMPT_CHARS, MAX_REQUESTS
+from rdurack.workloads.coe.spec import MAX_PROMPT_CHARS, MAX_REQUESTS
 from rdurack.workloads.training.job import MAX_LOOP_BYTES
 
 

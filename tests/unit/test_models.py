@@ -7,7 +7,7 @@ from pydantic import ValidationError
 
 from rdurack.errors import UnknownName
 from rdurack.rack.models import ModelSpec, builtin_models, model
-from rdurack.workloads.tiny_lm import TinyLM, TinyLMConfig, model_spec
+from rdurack.workloads.tiny_lm.model import TinyLM, TinyLMConfig, model_spec
 
 # Published sizes (model cards / papers), in parameters.
 PUBLISHED = {

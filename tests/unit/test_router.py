@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from rdurack.errors import InvalidRequest, UnknownName
-from rdurack.workloads.catalog import CATALOG_SIZE, expert_description, expert_names
-from rdurack.workloads.router import (
+from rdurack.workloads.coe.catalog import CATALOG_SIZE, expert_description, expert_names
+from rdurack.workloads.coe.router import (
     FEATURES,
     Router,
     RoutingPolicy,
@@ -177,7 +177,7 @@ def test_router_construction_errors() -> None:
 
 _CHILD = """
 import json, sys
-from rdurack.workloads.router import Router, features, hash_route, tokenize
+from rdurack.workloads.coe.router import Router, features, hash_route, tokenize
 prompts = json.loads(sys.argv[1])
 r = Router.for_catalog(150)
 print(json.dumps({

@@ -15,12 +15,12 @@ from pydantic_core import PydanticSerializationError
 from rdurack.errors import InvalidRequest, UnknownName
 from rdurack.orchestrator.jobs import IllegalTransition, Job, JobSpec, JobState, KernelWorkload
 from rdurack.orchestrator.results import (
-    CoeRequestResult,
     CoeResult,
     KernelResult,
 )
 from rdurack.orchestrator.store import JobStore
 from rdurack.rack.kernels import FusionPlan, Phase
+from rdurack.workloads.coe.report import RequestResult
 
 S = JobState
 DONE = KernelResult(emulated_s=1e-3, kernel_calls=3)
@@ -77,7 +77,7 @@ def test_submit_get_list_round_trip_every_field(db_path: Path) -> None:
             platform="sn40l-rack16",
             tokens_per_s=1234.5,
             switches_per_expert={"e0": 2},
-            per_request=(CoeRequestResult(index=0, expert="e0", tokens=(1, 2), hit=True),),
+            per_request=(RequestResult(index=0, expert="e0", tokens=(1, 2), hit=True),),
             failed_replicas=(1,),
         )
         store.transition("j1", S.SCHEDULED, sockets=("n0.s0", "n0.s1", "n1.s0", "n1.s1"))

@@ -6,7 +6,6 @@ from __future__ import annotations
 import base64
 import json
 import sqlite3
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +17,7 @@ from rdurack.orchestrator.results import RESULTS, CoeResult, KernelResult, Train
 from rdurack.orchestrator.store import JobStore
 from rdurack.orchestrator.store_schema import SCHEMA_VERSION, UnsupportedStoreVersion
 from rdurack.rack.kernels import Phase
-from rdurack.workloads.coe_report import CoeReport, RequestResult
+from rdurack.workloads.coe.report import CoeReport, RequestResult
 
 
 def spec() -> JobSpec:
@@ -79,19 +78,31 @@ OLD_KERNEL: dict[str, Any] = {
 }
 OLD_COE: dict[str, Any] = {
     "kind": "coe_inference",
-    **asdict(
-        CoeReport(
-            "sn40l-rack16",
-            "fused-ho",
-            requests=1,
-            emulated_s=0.5,
-            switches_per_expert={"expert-0": 1},
-            diagnostics=["a pitfall"],
-            per_request=[RequestResult(0, "expert-0", 1, 0.0, 0.1, 0.01, 0.3, 0.02, False, 8)],
-            rerouted_requests=1,
-            failed_replicas=[0],
-        )
-    ),
+    # The engine's report as the old dataclass wrote it: every field, lists for sequences.
+    **CoeReport(
+        platform="sn40l-rack16",
+        decode_plan="fused-ho",
+        requests=1,
+        emulated_s=0.5,
+        switches_per_expert={"expert-0": 1},
+        diagnostics=("a pitfall",),
+        per_request=(
+            RequestResult(
+                index=0,
+                expert="expert-0",
+                replica=1,
+                arrival_s=0.0,
+                ttft_s=0.1,
+                tpot_s=0.01,
+                e2e_s=0.3,
+                switch_s=0.02,
+                hit=False,
+                output_tokens=8,
+            ),
+        ),
+        rerouted_requests=1,
+        failed_replicas=(0,),
+    ).model_dump(mode="json"),
 }
 OLD_TRAINING: dict[str, Any] = {
     "kind": "training",

@@ -10,20 +10,16 @@ import pytest
 from pydantic import ValidationError
 
 from rdurack.errors import InvalidRequest
-from rdurack.workloads.tiny_lm import (
-    Array,
+from rdurack.workloads.tiny_lm.generation import (
     Generation,
-    TinyLM,
-    TinyLMConfig,
     all_reduce_traffic,
     generate,
     generate_detailed,
     generation_steps,
-    model_spec,
     reference_generate,
-    seed_for,
     tensor_parallel_generate,
 )
+from rdurack.workloads.tiny_lm.model import Array, TinyLM, TinyLMConfig, model_spec, seed_for
 
 CONFIG = TinyLMConfig()
 PROMPT = list(b"Hello, rack!")

@@ -4,7 +4,7 @@ engine's programs on the node agents, through the NodeGateway), and its result
 it).
 
 A job's sockets split into replicas of `tensor_parallel` sockets, each inside one node;
-the engine (workloads/coe.py) sends each batch to one replica as one program, and the
+the engine (workloads/coe/engine.py) sends each batch to one replica as one program, and the
 replica's sockets run it together. A replica whose socket or agent dies is lost alone:
 its requests are re-routed to the others. A job on another platform (a DGX) runs on
 socket actors loaded with that platform's spec for the job's duration.
@@ -25,11 +25,11 @@ from rdurack.rack.models import ModelSpec
 from rdurack.rack.spec import PlatformSpec
 from rdurack.rack.topology import SocketId
 from rdurack.telemetry import names
-from rdurack.workloads.coe import CoeEngine, check_functional
-from rdurack.workloads.coe_report import CoeOutOfMemory, CoeReport, ReplicaFailed
-from rdurack.workloads.coe_spec import CoeWorkload, build_requests
+from rdurack.workloads.coe.engine import CoeEngine, check_functional
+from rdurack.workloads.coe.report import CoeOutOfMemory, CoeReport, ReplicaFailed
+from rdurack.workloads.coe.router import Router
+from rdurack.workloads.coe.spec import CoeWorkload, build_requests
 from rdurack.workloads.program import Op, ProgramRun, combine
-from rdurack.workloads.router import Router
 
 FIELD = "spec.coe_inference"
 
@@ -93,7 +93,7 @@ class CoeKind:
 
 
 def _result(report: CoeReport) -> CoeResult:
-    return CoeResult.model_validate(report.to_dict())
+    return CoeResult.model_validate(report.model_dump())
 
 
 def _validate(

@@ -291,7 +291,7 @@ class ProgramRunner:
 
 
 class PredictedReplicas:
-    """The fast predictor's NodeExecutor (workloads/coe.py): every socket of a replica's
+    """The fast predictor's NodeExecutor (workloads/coe/engine.py): every socket of a replica's
     TP group does the same, so one socket's memory and clock model speak for it."""
 
     def __init__(

@@ -18,8 +18,8 @@ from pydantic import Field, model_validator
 from rdurack.config import Config
 from rdurack.errors import InvalidRequest
 from rdurack.rack.kernels import FusionPlan
+from rdurack.workloads.coe.router import Router, RoutingPolicy, hash_route, resolve_hint, tokenize
 from rdurack.workloads.predictor import TABLE_V_PROMPT_TOKENS
-from rdurack.workloads.router import Router, RoutingPolicy, hash_route, resolve_hint, tokenize
 
 # Bounds that keep one job's spec and result within gRPC's default 4 MB messages.
 MAX_REQUESTS = 20_000

@@ -4,9 +4,9 @@ its report)."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from pydantic import Field
 
+from rdurack.config import Config
 from rdurack.errors import LinkFailure
 
 
@@ -21,26 +21,29 @@ class ReplicaFailed(LinkFailure):
         return (type(self), (self.replica, self.reason))
 
 
-@dataclass(frozen=True)
-class RequestResult:
-    index: int
-    expert: str
-    replica: int
-    arrival_s: float
-    ttft_s: float  # arrival to the end of its prefill (the first token)
-    tpot_s: float  # decode time per further token
-    e2e_s: float  # arrival to its last token
-    switch_s: float  # its group's DDR -> HBM switch (0 on a hit)
-    hit: bool  # its expert was in HBM when its group started
-    output_tokens: int
-    tokens: list[int] = field(default_factory=list)  # functional mode: the generated tokens
+class RequestResult(Config):
+    """One request served: its times from arrival, emulated seconds."""
+
+    index: int = 0
+    expert: str = ""
+    replica: int = 0  # the TP group that served it
+    arrival_s: float = 0.0
+    ttft_s: float = 0.0  # arrival to the end of its prefill (the first token)
+    tpot_s: float = 0.0  # decode time per further token
+    e2e_s: float = 0.0  # arrival to its last token
+    switch_s: float = 0.0  # its group's DDR -> HBM switch (0 on a hit)
+    hit: bool = False  # its expert was in HBM when its group started
+    output_tokens: int = 0
+    tokens: tuple[int, ...] = ()  # functional mode: the generated tokens
     rerouted: bool = False  # served here after its first replica failed
 
 
-@dataclass
-class CoeReport:
-    platform: str
-    decode_plan: str
+class CoeReport(Config):
+    """What the serving engine reports of a job's requests, emulated seconds. Every field
+    has a default (the proto's), so a stored report of an older release still reads."""
+
+    platform: str = ""
+    decode_plan: str = ""
     requests: int = 0
     emulated_s: float = 0.0
     tokens: int = 0
@@ -54,16 +57,13 @@ class CoeReport:
     p50_ttft_s: float = 0.0
     p99_ttft_s: float = 0.0
     mean_tpot_s: float = 0.0
-    switches_per_expert: dict[str, int] = field(default_factory=dict)
+    switches_per_expert: dict[str, int] = Field(default_factory=dict)
     oom: bool = False
     oom_reason: str = ""
-    diagnostics: list[str] = field(default_factory=list)
-    per_request: list[RequestResult] = field(default_factory=list)
+    diagnostics: tuple[str, ...] = ()
+    per_request: tuple[RequestResult, ...] = ()
     rerouted_requests: int = 0  # served by another replica after theirs failed
-    failed_replicas: list[int] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    failed_replicas: tuple[int, ...] = ()
 
 
 class CoeOutOfMemory(Exception):

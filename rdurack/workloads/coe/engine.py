@@ -38,9 +38,9 @@ from rdurack.errors import InvalidRequest, OutOfMemory
 from rdurack.rack.kernels import FusionPlan, Phase
 from rdurack.rack.models import ModelSpec
 from rdurack.rack.spec import PlatformSpec
-from rdurack.workloads.bundle import kv_tokens_bytes
-from rdurack.workloads.coe_report import CoeOutOfMemory, CoeReport, ReplicaFailed, RequestResult
-from rdurack.workloads.coe_spec import CoeRequest, CoeWorkload
+from rdurack.workloads.coe.bundle import kv_tokens_bytes
+from rdurack.workloads.coe.report import CoeOutOfMemory, CoeReport, ReplicaFailed, RequestResult
+from rdurack.workloads.coe.spec import CoeRequest, CoeWorkload
 from rdurack.workloads.predictor import Predictor, switch_time_s
 from rdurack.workloads.program import Deploy, Generate, Kernel, Op, OpRun, ProgramRun, Switch
 
@@ -139,7 +139,6 @@ class CoeEngine:
     # ------------------------------------------------------------------ the loop
 
     def run(self, requests: list[CoeRequest]) -> CoeReport:
-        report = CoeReport(self.platform.name, self.decode_plan.value)
         kv_reserve = self.w.batch_size * max(
             (r.prompt_tokens + r.output_tokens for r in requests), default=0
         )
@@ -166,8 +165,14 @@ class CoeEngine:
                 replica.kv_pool_bytes = run.kv_free_bytes
                 replica.resident = {self._index[n] for n in run.resident}
         except OutOfMemory as e:
-            report.oom, report.oom_reason = True, str(e)
-            raise CoeOutOfMemory(report) from e
+            raise CoeOutOfMemory(
+                CoeReport(
+                    platform=self.platform.name,
+                    decode_plan=self.decode_plan.value,
+                    oom=True,
+                    oom_reason=str(e),
+                )
+            ) from e
 
         results: list[RequestResult] = []
         served: Counter[int] = Counter()
@@ -203,7 +208,7 @@ class CoeEngine:
             served.update(r.expert for r in batch)
             if self.progress is not None:
                 self.progress(len(results), len(requests), replica.free_ns - self.start_ns)
-        return self._report(report, results, served)
+        return self._report(results, served)
 
     def _lose(
         self, replica: _Replica, error: ReplicaFailed, batch: list[CoeRequest]
@@ -375,36 +380,39 @@ class CoeEngine:
 
     # ------------------------------------------------------------------ the report
 
-    def _report(
-        self, report: CoeReport, results: list[RequestResult], served: Counter[int]
-    ) -> CoeReport:
+    def _report(self, results: list[RequestResult], served: Counter[int]) -> CoeReport:
         results.sort(key=lambda r: r.index)
         replicas = [*self._replicas, *(f[0] for f in self._failed)]
         end = max((n.free_ns for n in replicas), default=self.start_ns)
-        report.requests = len(results)
-        report.emulated_s = (end - self.start_ns) * 1e-9
-        report.tokens = sum(r.output_tokens for r in results)
-        report.tokens_per_s = report.tokens / report.emulated_s if report.emulated_s else 0.0
-        report.router_s = self._router_ns * 1e-9
-        report.switch_s = sum(_duration(o) for _, o in self._switches) * 1e-9
-        report.switches = len(self._switches)
-        report.switches_per_expert = dict(Counter(name for name, _ in self._switches))
-        if results:
-            lat = np.array([r.e2e_s for r in results])
-            ttft = np.array([r.ttft_s for r in results])
-            report.hbm_hit_rate = sum(r.hit for r in results) / len(results)
-            report.p50_latency_s = float(np.percentile(lat, 50))
-            report.p99_latency_s = float(np.percentile(lat, 99))
-            report.p50_ttft_s = float(np.percentile(ttft, 50))
-            report.p99_ttft_s = float(np.percentile(ttft, 99))
-            report.mean_tpot_s = float(np.mean([r.tpot_s for r in results]))
-        report.diagnostics = self._diagnostics(report, served)
-        report.per_request = results
-        report.rerouted_requests = len(self._rerouted)
-        report.failed_replicas = sorted(f[0].index for f in self._failed)
-        return report
+        emulated_s = (end - self.start_ns) * 1e-9
+        tokens = sum(r.output_tokens for r in results)
+        # An empty job (no request) reports zeros, not the percentiles of nothing.
+        lat = np.array([r.e2e_s for r in results] or [0.0])
+        ttft = np.array([r.ttft_s for r in results] or [0.0])
+        return CoeReport(
+            platform=self.platform.name,
+            decode_plan=self.decode_plan.value,
+            requests=len(results),
+            emulated_s=emulated_s,
+            tokens=tokens,
+            tokens_per_s=tokens / emulated_s if emulated_s else 0.0,
+            router_s=self._router_ns * 1e-9,
+            switch_s=sum(_duration(o) for _, o in self._switches) * 1e-9,
+            switches=len(self._switches),
+            switches_per_expert=dict(Counter(name for name, _ in self._switches)),
+            diagnostics=tuple(self._diagnostics(emulated_s, served)),
+            per_request=tuple(results),
+            rerouted_requests=len(self._rerouted),
+            failed_replicas=tuple(sorted(f[0].index for f in self._failed)),
+            hbm_hit_rate=sum(r.hit for r in results) / len(results) if results else 0.0,
+            p50_latency_s=float(np.percentile(lat, 50)),
+            p99_latency_s=float(np.percentile(lat, 99)),
+            p50_ttft_s=float(np.percentile(ttft, 50)),
+            p99_ttft_s=float(np.percentile(ttft, 99)),
+            mean_tpot_s=float(np.mean([r.tpot_s for r in results] or [0.0])),
+        )
 
-    def _diagnostics(self, report: CoeReport, served: Counter[int]) -> list[str]:
+    def _diagnostics(self, emulated_s: float, served: Counter[int]) -> list[str]:
         out: list[str] = [
             f"replica {r.index} failed after emulated {(r.free_ns - self.start_ns) * 1e-9:.6g} s "
             f"({why}); {moved} request(s) were re-routed to the replicas left"
@@ -413,7 +421,7 @@ class CoeEngine:
         if not self._starved:
             return out
         extra_s = sum(e for _, _, e in self._starved) * 1e-9
-        share = extra_s / report.emulated_s if report.emulated_s else 0.0
+        share = extra_s / emulated_s if emulated_s else 0.0
         worst = min(self._starved, key=lambda s: s[1])
         pool = min(n.kv_pool_bytes for n in self._replicas)
         idle = [p for p in self.w.pinned_experts if served[self._index[p]] == 0]

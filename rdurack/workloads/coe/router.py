@@ -30,7 +30,7 @@ import numpy as np
 import numpy.typing as npt
 
 from rdurack.errors import InvalidRequest, UnknownName
-from rdurack.workloads.catalog import expert_description, expert_names
+from rdurack.workloads.coe.catalog import expert_description, expert_names
 
 VOCAB = 256  # byte-level tokens: one per UTF-8 byte
 # Hashed feature dimension. The 150-expert catalog has ~3,100 distinct keys (1,010
