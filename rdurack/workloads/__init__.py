@@ -1,1 +1,3 @@
-"""Pure workloads on the hardware model: the fast predictor and the paper study."""
+"""What runs on the rack, priced by the hardware model, pure: node programs (program.py),
+Composition of Experts (coe/), the tiny functional LM (tiny_lm/), data-parallel training
+(training/), the fast predictor (predictor.py) and the paper study (paper.py)."""
