@@ -1,4 +1,5 @@
-"""Errors of the hardware model. Each one says what went wrong with the numbers."""
+"""The errors rdurack raises on purpose, in every room: each says what went wrong, with
+the numbers."""
 
 from __future__ import annotations
 
