@@ -7,15 +7,19 @@ Sources (full references in docs/figures.md):
   A100  = NVIDIA A100 Tensor Core GPU datasheet (SXM 80GB); DGX A100 datasheet.
   H100  = NVIDIA H100 Tensor Core GPU datasheet (SXM 80GB); DGX H100 datasheet.
 
-The peer-to-peer links of the SN40L, its kernel efficiencies and launch overheads are
-not published. They are assumptions, chosen once for all figures (no knob per figure):
-`rdu bench paper` lists which published figures each one was fitted against and which
-figures are predicted without having been used.
+The peer-to-peer links of the SN40L, its kernel efficiencies and launch overheads, and
+the GPUs' software overheads are not published. Those the published figures constrain
+are assumptions with a range and a reason (calibration.py), fitted jointly once for all
+figures (no knob per figure) and read from calibration.json; the others are set here
+with their reasons. Pass other `values` to build the platforms a fit tries.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from rdurack.errors import UnknownName
+from rdurack.rack.calibration import assumption, fitted_values
 from rdurack.rack.spec import (
     KernelCostSpec,
     LinkSpec,
@@ -30,97 +34,97 @@ TB = 1e12
 
 # ---------------------------------------------------------------- SN40L (one socket)
 
-SN40L_KERNELS = KernelCostSpec(
-    compute_efficiency=0.55,
-    memory_efficiency=0.93,
-    launch_so_ns=25_000.0,
-    launch_ho_ns=5_000.0,
-    pipeline_fill_ns=40_000.0,
-    dataflow_fusion=True,
-    sources={
-        "compute_efficiency": "assumption: about half of the 638 TFLOP/s peak, sustained by "
-        "a large fused GEMM pipeline; set before any comparison, not tuned",
-        "memory_efficiency": "fitted: KL's kernel-looped decode reaches over 90% of peak "
-        "memory bandwidth on 8 and 16 sockets, launches and pipeline fills included",
-        "launch_so_ns": "assumption: host-orchestrated Program/Argument Load and launch "
-        "per kernel call (a host round trip); set before any comparison, not tuned",
-        "launch_ho_ns": "assumption: hardware-orchestrated launch per kernel call (the "
-        "schedule runs on the chip, no host round trip)",
-        "pipeline_fill_ns": "assumption: filling and draining a fused pipeline of 20+ "
-        "operators per call; fitted: the least largest error over KL's up-to-2.2x "
-        "kernel-looping gain and PAPER Table V's two overall speedups",
-    },
-)
+Values = Mapping[str, float]  # assumption name -> value (rack/calibration.py)
 
-SN40L = SocketSpec(
-    name="SN40L",
-    kind="rdu",
-    peak_flops_per_s=638e12,
-    sram=TierSpec(
-        capacity_bytes=520_000_000,
-        bandwidth_bytes_per_s=100 * TB,
+
+def _fitted(v: Values, *names: str) -> tuple[dict[str, float], dict[str, str]]:
+    """Fields set by assumptions: {field: value} and {field: source}, keyed by the last
+    part of each assumption's field path."""
+    values, sources = {}, {}
+    for name in names:
+        a = assumption(name)
+        field = a.field.rpartition(".")[2]
+        values[field], sources[field] = v[name], a.source
+    return values, sources
+
+
+def _sn40l_kernels(v: Values) -> KernelCostSpec:
+    values, sources = _fitted(
+        v,
+        "sn40l.compute_efficiency",
+        "sn40l.memory_efficiency",
+        "sn40l.launch_so_ns",
+        "sn40l.launch_ho_ns",
+        "sn40l.pipeline_fill_ns",
+        "sn40l.invocation_ns",
+    )
+    return KernelCostSpec(dataflow_fusion=True, sources=sources, **values)
+
+
+def _sn40l_socket(v: Values) -> SocketSpec:
+    return SocketSpec(
+        name="SN40L",
+        kind="rdu",
+        peak_flops_per_s=638e12,
+        sram=TierSpec(
+            capacity_bytes=520_000_000,
+            bandwidth_bytes_per_s=100 * TB,
+            sources={
+                "capacity_bytes": "PAPER Table II: 520 MB on-chip SRAM (text: 520 MiB)",
+                "bandwidth_bytes_per_s": "assumption: PAPER says 'hundreds of TB/s' aggregate; "
+                "we take the lower bound; it never binds in the published workloads",
+            },
+        ),
+        hbm=TierSpec(
+            capacity_bytes=64_000_000_000,
+            bandwidth_bytes_per_s=1.8 * TB,
+            sources={
+                "capacity_bytes": "PAPER Table II: 64 GB HBM",
+                "bandwidth_bytes_per_s": "PAPER Table II: 1.8 TB/s (text: 'about 2 TB/s')",
+            },
+        ),
+        ddr=TierSpec(
+            capacity_bytes=1_500_000_000_000,
+            bandwidth_bytes_per_s=200 * GB,
+            sources={
+                "capacity_bytes": "PAPER Table II: 1.5 TB DDR",
+                "bandwidth_bytes_per_s": "PAPER Table II: 200 GB/s (text: 'over 200 GB/s')",
+            },
+        ),
+        ddr_to_hbm_bandwidth_bytes_per_s=200 * GB,
+        kernels=_sn40l_kernels(v),
         sources={
-            "capacity_bytes": "PAPER Table II: 520 MB on-chip SRAM (text: 520 MiB)",
-            "bandwidth_bytes_per_s": "assumption: PAPER says 'hundreds of TB/s' aggregate; "
-            "we take the lower bound; it never binds in the published workloads",
+            "peak_flops_per_s": "PAPER Table II: 638 BF16 TFLOP/s (the article seed says 688 FP16)",
+            "ddr_to_hbm_bandwidth_bytes_per_s": "PAPER Table II: a copy is bound by the slower "
+            "side, DDR at 200 GB/s",
         },
-    ),
-    hbm=TierSpec(
-        capacity_bytes=64_000_000_000,
-        bandwidth_bytes_per_s=1.8 * TB,
-        sources={
-            "capacity_bytes": "PAPER Table II: 64 GB HBM",
-            "bandwidth_bytes_per_s": "PAPER Table II: 1.8 TB/s (text: 'about 2 TB/s')",
-        },
-    ),
-    ddr=TierSpec(
-        capacity_bytes=1_500_000_000_000,
-        bandwidth_bytes_per_s=200 * GB,
-        sources={
-            "capacity_bytes": "PAPER Table II: 1.5 TB DDR",
-            "bandwidth_bytes_per_s": "PAPER Table II: 200 GB/s (text: 'over 200 GB/s')",
-        },
-    ),
-    ddr_to_hbm_bandwidth_bytes_per_s=200 * GB,
-    kernels=SN40L_KERNELS,
-    sources={
-        "peak_flops_per_s": "PAPER Table II: 638 BF16 TFLOP/s (the article seed says 688 FP16)",
-        "ddr_to_hbm_bandwidth_bytes_per_s": "PAPER Table II: a copy is bound by the slower "
-        "side, DDR at 200 GB/s",
-    },
-)
-
-SN40L_INTRA_NODE_LINK = LinkSpec(
-    bandwidth_bytes_per_s=64 * GB,
-    latency_ns=1_000.0,
-    sources={
-        "bandwidth_bytes_per_s": "assumption: SN40L peer-to-peer bandwidth is not published; "
-        "a x16 Gen5-class link per pair of sockets (64 GB/s each way), as in MI300X meshes",
-        "latency_ns": "assumption: not published; about one microsecond per hop, typical of "
-        "a switchless serdes link",
-    },
-)
-
-SN40L_INTER_NODE_LINK = LinkSpec(
-    bandwidth_bytes_per_s=50 * GB,
-    latency_ns=5_000.0,
-    sources={
-        "bandwidth_bytes_per_s": "assumption: not published; a 400 Gb/s-class network port "
-        "per socket between the rack's two nodes",
-        "latency_ns": "assumption: not published; a few microseconds through a NIC and cable",
-    },
-)
+    )
 
 
-def _sn40l_node() -> NodeSpec:
+def _link(v: Values, latency: str, bandwidth: float, bandwidth_source: str) -> LinkSpec:
+    values, sources = _fitted(v, latency)
+    return LinkSpec(
+        bandwidth_bytes_per_s=bandwidth,
+        sources={**sources, "bandwidth_bytes_per_s": bandwidth_source},
+        **values,
+    )
+
+
+def _sn40l_node(v: Values) -> NodeSpec:
     return NodeSpec(
         sockets=8,
-        socket=SN40L,
+        socket=_sn40l_socket(v),
         ddr_to_hbm_node_bandwidth_bytes_per_s=1 * TB,
         # Assumption: PAPER shows peer-to-peer links but not their topology; an 8-socket
         # node without a switch is naturally a full mesh (as AMD MI300X nodes are).
         fabric="mesh",
-        intra_node_link=SN40L_INTRA_NODE_LINK,
+        intra_node_link=_link(
+            v,
+            "sn40l.intra_node_latency_ns",
+            64 * GB,
+            "assumption: SN40L peer-to-peer bandwidth is not published; a x16 Gen5-class "
+            "link per pair of sockets (64 GB/s each way), as in MI300X meshes",
+        ),
         sources={
             "sockets": "PAPER Sec. IV: an SN40L node has 8 sockets and one host",
             "ddr_to_hbm_node_bandwidth_bytes_per_s": "PAPER Sec. VI-C: 'over 1 TB/s' aggregate "
@@ -129,13 +133,19 @@ def _sn40l_node() -> NodeSpec:
     )
 
 
-def _sn40l_platform(name: str, nodes: int, description: str) -> PlatformSpec:
+def _sn40l_platform(v: Values, name: str, nodes: int, description: str) -> PlatformSpec:
     return PlatformSpec(
         name=name,
         description=description,
         nodes=nodes,
-        node=_sn40l_node(),
-        inter_node_link=SN40L_INTER_NODE_LINK,
+        node=_sn40l_node(v),
+        inter_node_link=_link(
+            v,
+            "sn40l.inter_node_latency_ns",
+            50 * GB,
+            "assumption: not published; a 400 Gb/s-class network port per socket between "
+            "the rack's two nodes",
+        ),
         sources={"nodes": "PAPER Sec. IV: a DataScale SN40L rack is two 8-socket nodes"},
     )
 
@@ -143,27 +153,28 @@ def _sn40l_platform(name: str, nodes: int, description: str) -> PlatformSpec:
 # ---------------------------------------------------------------- GPUs and DGX nodes
 
 
-def _gpu_kernels(gpu: str) -> KernelCostSpec:
+def _gpu_kernels(v: Values, gpu: str) -> KernelCostSpec:
+    values, sources = _fitted(
+        v,
+        "gpu.compute_efficiency",
+        "gpu.memory_efficiency",
+        f"{gpu.lower()}.launch_so_ns",
+        "gpu.invocation_ns",
+    )
     return KernelCostSpec(
-        compute_efficiency=0.6,
-        memory_efficiency=0.85,
-        launch_so_ns=4_500.0,
         launch_ho_ns=None,
         pipeline_fill_ns=0.0,
         dataflow_fusion=False,
         sources={
-            "compute_efficiency": f"assumption: fraction of {gpu} dense BF16 peak a large "
-            "GEMM sustains in a framework (NeMo)",
-            "memory_efficiency": f"assumption: fraction of {gpu} HBM bandwidth a streaming "
-            "kernel sustains",
-            "launch_so_ns": "assumption: CUDA kernel launch plus framework dispatch per "
-            "kernel; fitted to KL: GPUs use only 21% of peak memory bandwidth in decode",
+            **sources,
             "pipeline_fill_ns": "GPUs run the comparison unfused: no fused pipeline to fill",
         },
+        **values,
     )
 
 
 def _gpu(
+    v: Values,
     name: str,
     peak_flops: float,
     hbm_bw: float,
@@ -203,7 +214,7 @@ def _gpu(
             },
         ),
         ddr_to_hbm_bandwidth_bytes_per_s=pcie_bw,
-        kernels=_gpu_kernels(src),
+        kernels=_gpu_kernels(v, src),
         sources={
             "peak_flops_per_s": f"{src} datasheet: dense BF16 Tensor Core peak",
             "ddr_to_hbm_bandwidth_bytes_per_s": f"{src}: host to GPU over {pcie}",
@@ -211,29 +222,37 @@ def _gpu(
     )
 
 
-A100_80GB = _gpu(
-    "A100-SXM-80GB",
-    312e12,
-    2.0 * TB,
-    40_000_000,
-    250_000_000_000,
-    32 * GB,
-    "A100",
-    "PCIe 4 x16 (32 GB/s)",
-)
-H100_80GB = _gpu(
-    "H100-SXM-80GB",
-    989e12,
-    3.35 * TB,
-    50_000_000,
-    250_000_000_000,
-    64 * GB,
-    "H100",
-    "PCIe 5 x16 (64 GB/s)",
-)
+def _a100(v: Values) -> SocketSpec:
+    return _gpu(
+        v,
+        "A100-SXM-80GB",
+        312e12,
+        2.0 * TB,
+        40_000_000,
+        250_000_000_000,
+        32 * GB,
+        "A100",
+        "PCIe 4 x16 (32 GB/s)",
+    )
 
 
-def _dgx(name: str, gpu: SocketSpec, nvlink_bw: float, nic_bw: float, src: str) -> PlatformSpec:
+def _h100(v: Values) -> SocketSpec:
+    return _gpu(
+        v,
+        "H100-SXM-80GB",
+        989e12,
+        3.35 * TB,
+        50_000_000,
+        250_000_000_000,
+        64 * GB,
+        "H100",
+        "PCIe 5 x16 (64 GB/s)",
+    )
+
+
+def _dgx(
+    v: Values, name: str, gpu: SocketSpec, nvlink_bw: float, nic_bw: float, src: str
+) -> PlatformSpec:
     return PlatformSpec(
         name=name,
         description=f"DGX {src}: 8 x {gpu.name}, HBM plus host DRAM over PCIe",
@@ -243,15 +262,12 @@ def _dgx(name: str, gpu: SocketSpec, nvlink_bw: float, nic_bw: float, src: str) 
             socket=gpu,
             ddr_to_hbm_node_bandwidth_bytes_per_s=gpu.ddr_to_hbm_bandwidth_bytes_per_s,
             fabric="switch",  # NVSwitch
-            intra_node_link=LinkSpec(
-                bandwidth_bytes_per_s=nvlink_bw,
-                latency_ns=800.0,
-                sources={
-                    "bandwidth_bytes_per_s": f"{src} datasheet: NVLink per GPU "
-                    f"{2 * nvlink_bw / GB:.0f} GB/s both ways, half each way, via NVSwitch",
-                    "latency_ns": "assumption: per ring step of an NCCL small-message "
-                    "all-reduce; fitted with launch_so_ns to KL's 21% decode bandwidth",
-                },
+            intra_node_link=_link(
+                v,
+                "gpu.nvlink_latency_ns",
+                nvlink_bw,
+                f"{src} datasheet: NVLink per GPU {2 * nvlink_bw / GB:.0f} GB/s both ways, "
+                "half each way, via NVSwitch",
             ),
             sources={
                 "sockets": f"DGX {src} datasheet: 8 GPUs",
@@ -272,22 +288,24 @@ def _dgx(name: str, gpu: SocketSpec, nvlink_bw: float, nic_bw: float, src: str) 
     )
 
 
-def builtin_platforms() -> dict[str, PlatformSpec]:
-    """Every built-in platform by name (a fresh dict: callers may not share state)."""
+def builtin_platforms(values: Values | None = None) -> dict[str, PlatformSpec]:
+    """Every built-in platform by name (a fresh dict: callers may not share state), its
+    assumptions at the calibrated values or at `values`."""
+    v = fitted_values() if values is None else values
     return {
         "sn40l-node": _sn40l_platform(
-            "sn40l-node", 1, "one SN40L node: 8 RDU sockets sharing one host"
+            v, "sn40l-node", 1, "one SN40L node: 8 RDU sockets sharing one host"
         ),
         "sn40l-rack16": _sn40l_platform(
-            "sn40l-rack16", 2, "a DataScale SN40L rack: 2 nodes x 8 RDU sockets"
+            v, "sn40l-rack16", 2, "a DataScale SN40L rack: 2 nodes x 8 RDU sockets"
         ),
-        "dgx-a100": _dgx("dgx-a100", A100_80GB, 300 * GB, 25 * GB, "A100"),
-        "dgx-h100": _dgx("dgx-h100", H100_80GB, 450 * GB, 50 * GB, "H100"),
+        "dgx-a100": _dgx(v, "dgx-a100", _a100(v), 300 * GB, 25 * GB, "A100"),
+        "dgx-h100": _dgx(v, "dgx-h100", _h100(v), 450 * GB, 50 * GB, "H100"),
     }
 
 
-def platform(name: str) -> PlatformSpec:
-    platforms = builtin_platforms()
+def platform(name: str, values: Values | None = None) -> PlatformSpec:
+    platforms = builtin_platforms(values)
     if name not in platforms:
         raise UnknownName("platform", name, sorted(platforms))
     return platforms[name]

@@ -86,6 +86,11 @@ class KernelCostSpec(Sourced):
     # layer-boundary synchronisation kernel looping removes). Unfused single-operator
     # kernels have shallow pipelines and pay none.
     pipeline_fill_ns: float = Field(default=0.0, ge=0)
+    # Each invocation of a model (one request's prefill and decode of one model, or a
+    # router pass) starts by loading that model's program and arguments onto the
+    # devices: on an RDU the Program and Argument Loads of PAPER Sec. III; on a GPU the
+    # framework's per-request setup. Paid once per invocation, not per kernel.
+    invocation_ns: float = Field(default=0.0, ge=0)
     # Whether a whole decoder block can run as one streaming dataflow kernel with its
     # intermediates in SRAM. False for GPUs: the comparison runs them unfused.
     dataflow_fusion: bool = True

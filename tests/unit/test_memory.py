@@ -6,8 +6,10 @@ import pytest
 
 from rdurack.errors import InvalidRequest, OutOfMemory, UnknownName
 from rdurack.rack.memory import Allocation, MemorySnapshot, TieredMemory, TierUsage
-from rdurack.rack.presets import SN40L
+from rdurack.rack.presets import platform
 from rdurack.rack.spec import Tier
+
+SN40L = platform("sn40l-node").socket
 
 GB = 1_000_000_000
 HBM_CAPACITY = 64 * GB  # SN40L preset, PAPER Table II
