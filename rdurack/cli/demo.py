@@ -30,7 +30,9 @@ from rdurack.cli.views import format_seconds, job_dict, styled_state
 from rdurack.client.connection import Target, one_line_errors
 from rdurack.client.jobs import JobClient
 from rdurack.v1 import common_pb2, job_pb2
-from rdurack.workloads.paper import TABLE_V_EXPERTS, Figure, PaperStudy
+from rdurack.workloads.paper.figure import Figure
+from rdurack.workloads.paper.study import PaperStudy
+from rdurack.workloads.paper.table_v import TABLE_V_DECODE_PLAN, TABLE_V_EXPERTS
 
 FUSION_PLANS = ("unfused", "fused-so", "fused-ho", "kernel-looped")
 DGX = ("dgx-a100", "dgx-h100")
@@ -83,14 +85,13 @@ def demo_jobs() -> list[DemoJob]:
                 num_experts=experts,
                 batch_size=8,
                 output_tokens=20,
-                # Table V predates kernel looping: the SN40L ran fused, hardware-
-                # orchestrated decode (workloads/paper.py TABLE_V_DECODE_PLAN); GPUs
-                # run unfused, their default.
+                # The SN40L decodes as PAPER Table V is reproduced (workloads/paper/
+                # table_v.py TABLE_V_DECODE_PLAN); GPUs run unfused, their default.
                 decode_plan=_plan(plan) if plan else common_pb2.FUSION_PLAN_UNSPECIFIED,
             ),
         )
 
-    jobs.append(DemoJob("coe", SN40L, coe(SN40L, TABLE_V_EXPERTS, "fused-ho")))
+    jobs.append(DemoJob("coe", SN40L, coe(SN40L, TABLE_V_EXPERTS, TABLE_V_DECODE_PLAN.value)))
     jobs += [DemoJob("coe", p, coe(p, TABLE_V_EXPERTS, None)) for p in DGX]
     jobs.append(DemoJob("coe150", SN40L, coe(SN40L, 150, None)))
     jobs += [DemoJob("coe150", p, coe(p, 150, None), oom_expected=True) for p in DGX]
@@ -128,7 +129,7 @@ def _x(value: float | None) -> str:
 
 
 def _fx(value: float | tuple[float, float] | bool) -> str:
-    """A value figure of workloads/paper.py as a ratio (the Table V figures are values)."""
+    """A value figure of workloads/paper/ as a ratio (the Table V figures are values)."""
     return _x(value) if isinstance(value, float | int) and not isinstance(value, bool) else "-"
 
 
@@ -168,8 +169,8 @@ def _coe_table(rows: list[tuple[DemoJob, dict[str, Any]]], figures: dict[str, Fi
             if sn["switch_s"] and d["switch_s"]:
                 switch = f", switching {_x(d['switch_s'] / sn['switch_s'])}"
             faster += switch
-            key = j.label.replace("-", "_")
-            overall, switching = figures[f"coe_speedup_{key}"], figures[f"switch_speedup_{key}"]
+            overall = figures[f"coe_overall_b8_t20_{j.label}"]
+            switching = figures[f"switch_speedup_{j.label.replace('-', '_')}"]
             predicted = f"{_fx(overall.predicted)}, {_fx(switching.predicted)}"
             published = f"{_fx(overall.published)}, {_fx(switching.published)}"
         table.add_row(

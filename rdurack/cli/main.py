@@ -13,7 +13,19 @@ from collections.abc import Callable
 
 import typer
 
-from rdurack.cli import coe, demo, fault, jobs, lifecycle, predict, security, status, trace, train
+from rdurack.cli import (
+    coe,
+    demo,
+    fault,
+    jobs,
+    lifecycle,
+    paper,
+    predict,
+    security,
+    status,
+    trace,
+    train,
+)
 from rdurack.cli.options import talks_to_orchestrator
 from rdurack.errors import RdurackError
 
@@ -45,6 +57,7 @@ def build_app() -> typer.Typer:
             "trace": trace.trace_cmd,
             "plot": trace.plot_cmd,
             "spec": predict.spec_cmd,
+            "calibrate": paper.calibrate_cmd,
         },
     )
     submit = _group(
@@ -78,7 +91,10 @@ def build_app() -> typer.Typer:
             "footprint": predict.predict_footprint_cmd,
         },
     )
-    bench = _group("Reproduce published figures.", {"paper": predict.bench_paper_cmd})
+    bench = _group(
+        "Reproduce published figures.",
+        {"paper": paper.bench_paper_cmd, "assumptions": paper.bench_assumptions_cmd},
+    )
     for name, group in (
         ("submit", submit),
         ("fault", faults),

@@ -23,6 +23,7 @@ from rdurack.security.tls import ENV_CA, ENV_SERVER_NAME
 WATCH_TIMEOUT_S = 600.0  # how long --wait and rdu watch follow a job by default, wall s
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="print one JSON object")]
+MarkdownOpt = Annotated[bool, typer.Option("--markdown", help="print a Markdown table")]
 SpecOpt = Annotated[
     Path | None,
     typer.Option("--spec", help="what-if YAML overriding hardware numbers of the platform"),

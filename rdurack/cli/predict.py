@@ -5,34 +5,29 @@
 from __future__ import annotations
 
 import json
-import sys
 from dataclasses import asdict
-from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from rdurack.cli.options import BatchSizeOpt, JsonOpt, ModelOpt, SeqOpt, SpecOpt
+from rdurack.cli.options import BatchSizeOpt, JsonOpt, MarkdownOpt, ModelOpt, SeqOpt, SpecOpt
 from rdurack.cli.views import emit
 from rdurack.errors import UnknownName
 from rdurack.rack.kernels import FusionPlan, Phase
 from rdurack.rack.models import ModelSpec, builtin_models
 from rdurack.rack.whatif import load_platform
-from rdurack.workloads.paper import Figure, PaperStudy, to_markdown
 from rdurack.workloads.predictor import (
-    TABLE_V_PROMPT_TOKENS,
     CoeSetting,
     Predictor,
     predict_coe,
     predict_decode,
     predict_footprint,
     predict_fusion,
+    table_v_prompt_tokens,
 )
 from rdurack.workloads.training.job import TrainingWorkload, check_fits, predict_scaling, step_cost
-
-MarkdownOpt = Annotated[bool, typer.Option("--markdown", help="print a Markdown table")]
 
 
 def _model(name: str) -> ModelSpec:
@@ -84,7 +79,10 @@ def predict_coe_cmd(
     experts: Annotated[int, typer.Option(min=1, help="experts in the catalog")] = 150,
     batch_size: BatchSizeOpt = 8,
     output_tokens: Annotated[int, typer.Option(min=1)] = 20,
-    prompt_tokens: Annotated[int, typer.Option(min=1)] = TABLE_V_PROMPT_TOKENS,
+    prompt_tokens: Annotated[
+        int | None,
+        typer.Option(min=1, help="default: PAPER Table V's prompt, a fitted assumption"),
+    ] = None,
     expert_model: Annotated[str, typer.Option()] = "llama2-7b",
     router_model: Annotated[str, typer.Option()] = "llama2-7b",
     decode_plan: Annotated[
@@ -100,7 +98,7 @@ def predict_coe_cmd(
         experts=experts,
         batch=batch_size,
         output_tokens=output_tokens,
-        prompt_tokens=prompt_tokens,
+        prompt_tokens=prompt_tokens or table_v_prompt_tokens(),
         expert_model=expert_model,
         router_model=router_model,
         decode_plan=decode_plan,
@@ -199,60 +197,3 @@ def spec_cmd(
     for f, v, src in rows:
         table.add_row(f, f"{v:.4g}", src)
     Console().print(table)
-
-
-# --------------------------------------------------------------------- bench
-
-
-def _shown(value: float | tuple[float, float] | bool) -> str:
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, tuple):
-        return f"{value[0]:.3g} – {value[1]:.3g}"
-    return f"{value:.3g}"
-
-
-def bench_paper_cmd(
-    as_json: JsonOpt = False,
-    markdown: MarkdownOpt = False,
-    plot: Annotated[
-        Path | None,
-        typer.Option("--plot", help="also draw published against predicted: DIR/paper-figures.png"),
-    ] = None,
-) -> None:
-    """Each published figure beside the predicted one and the error."""
-    figures: list[Figure] = PaperStudy().figures()
-    if plot is not None:
-        from rdurack.traces.plots.paper import plot_paper
-
-        drawn = plot_paper(figures, plot / "paper-figures.png")
-        # stderr: --json and --markdown keep stdout to the table alone.
-        print(f"wrote {drawn}", file=sys.stderr)
-    if as_json:
-        print(json.dumps([f.to_dict() for f in figures]))
-        return
-    if markdown:
-        print(to_markdown(figures), end="")
-        return
-    table = Table(title="Published figures, predicted from one parameter set")
-    for col in ("figure", "source", "published", "predicted", "error", "", "fitted"):
-        table.add_column(col)
-    for f in figures:
-        err = "" if f.error is None else f"{f.error:+.1%}"
-        table.add_row(
-            f.what + (f" ({f.unit})" if f.unit else ""),
-            f.source,
-            _shown(f.published),
-            _shown(f.predicted),
-            err,
-            "[green]ok[/]" if f.ok else "[red]MISS[/]",
-            "fitted" if f.fitted else "",
-        )
-    console = Console()
-    console.print(table)
-    ok = sum(f.ok for f in figures)
-    console.print(
-        f"{ok} of {len(figures)} figures reproduced (value figures within ±15%, ranges inside "
-        "the published range). 'fitted': used to choose an unpublished assumption, so "
-        "agreement is a consistency check; the others are predictions."
-    )

@@ -30,7 +30,7 @@ from rdurack.workloads.coe.bundle import PredictedReplicas
 from rdurack.workloads.coe.engine import CoeEngine
 from rdurack.workloads.coe.router import Router
 from rdurack.workloads.coe.spec import CoeWorkload, PoissonLoad, build_requests
-from rdurack.workloads.paper import PaperStudy
+from rdurack.workloads.paper.study import PaperStudy
 from rdurack.workloads.predictor import CoeSetting, Predictor, predict_coe
 
 Benchmark = Callable[[], list[BenchFigure]]

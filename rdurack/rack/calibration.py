@@ -219,8 +219,9 @@ def assumption(name: str) -> Assumption:
     raise UnknownName("assumption", name, [a.name for a in ASSUMPTIONS])
 
 
-def checked(values: Mapping[str, float]) -> dict[str, float]:
-    """`values` for every assumption, each inside its range (integers rounded)."""
+def checked(values: Mapping[str, float], *, whole: bool = True) -> dict[str, float]:
+    """`values` for every assumption, each inside its range; integer assumptions rounded
+    unless `whole` is False (a fit moves them continuously, then rounds its result)."""
     missing = [a.name for a in ASSUMPTIONS if a.name not in values]
     unknown = sorted(set(values) - {a.name for a in ASSUMPTIONS})
     if missing or unknown:
@@ -228,7 +229,7 @@ def checked(values: Mapping[str, float]) -> dict[str, float]:
     out: dict[str, float] = {}
     for a in ASSUMPTIONS:
         v = float(values[a.name])
-        v = float(round(v)) if a.integer else v
+        v = float(round(v)) if a.integer and whole else v
         if not a.low <= v <= a.high:
             raise InvalidRequest(f"{a.name} = {v:.4g} is outside [{a.low:.4g}, {a.high:.4g}]")
         out[a.name] = v

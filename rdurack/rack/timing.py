@@ -48,13 +48,48 @@ def tp_group(platform: PlatformSpec, sockets: int) -> list[SocketId]:
     return topo.sockets[:sockets]
 
 
-class Timer:
-    """Times steps on one TP group of a platform."""
+class CollectiveCosts:
+    """All-reduce costs by what decides them: the topology and links, the group, the
+    bytes. One is shared by every Timer a caller makes when it times many platforms
+    that differ in other numbers: a calibration tries thousands, and simulating a
+    collective's schedule is most of what timing a step costs."""
 
-    def __init__(self, platform: PlatformSpec, group: list[SocketId]) -> None:
+    def __init__(self) -> None:
+        self._costs: dict[tuple[object, ...], Cost] = {}
+
+    def all_reduce(self, topology: Topology, group: list[SocketId], nbytes: float) -> Cost:
+        p = topology.platform
+        key = (
+            p.nodes,
+            p.node.sockets,
+            p.node.fabric,
+            p.node.intra_node_link.bandwidth_bytes_per_s,
+            p.node.intra_node_link.latency_ns,
+            p.inter_node_link.bandwidth_bytes_per_s,
+            p.inter_node_link.latency_ns,
+            tuple(group),
+            nbytes,
+        )
+        cost = self._costs.get(key)
+        if cost is None:
+            cost = self._costs[key] = all_reduce(topology, group, nbytes, Algorithm.AUTO)
+        return cost
+
+
+class Timer:
+    """Times steps on one TP group of a platform. `collectives`: a cache shared with
+    other Timers (default: its own)."""
+
+    def __init__(
+        self,
+        platform: PlatformSpec,
+        group: list[SocketId],
+        collectives: CollectiveCosts | None = None,
+    ) -> None:
         self.platform = platform
         self.topology = Topology(platform)
         self.group = group
+        self._collectives = CollectiveCosts() if collectives is None else collectives
         socket = platform.socket
         k = socket.kernels
         self._flops_per_s = socket.peak_flops_per_s * k.compute_efficiency
@@ -64,7 +99,6 @@ class Timer:
         self._launch_ho = None if k.launch_ho_ns is None else k.launch_ho_ns * NS
         self._fill = k.pipeline_fill_ns * NS
         self._dataflow = k.dataflow_fusion
-        self._collective_cache: dict[float, Cost] = {}
 
     # ---------------------------------------------------------------- building blocks
 
@@ -72,11 +106,7 @@ class Timer:
         return max(flops / self._flops_per_s, hbm_bytes / self._hbm_per_s)
 
     def all_reduce(self, nbytes: float) -> Cost:
-        cost = self._collective_cache.get(nbytes)
-        if cost is None:
-            cost = all_reduce(self.topology, self.group, nbytes, Algorithm.AUTO)
-            self._collective_cache[nbytes] = cost
-        return cost
+        return self._collectives.all_reduce(self.topology, self.group, nbytes)
 
     def _launch(self, plan: FusionPlan) -> float:
         if plan in (FusionPlan.UNFUSED, FusionPlan.FUSED_SO):

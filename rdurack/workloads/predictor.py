@@ -14,10 +14,11 @@ from math import ceil
 from typing import Any
 
 from rdurack.errors import InvalidRequest, OutOfMemory
+from rdurack.rack.calibration import fitted_values
 from rdurack.rack.kernels import FusionPlan, Phase, step
 from rdurack.rack.models import ModelSpec
 from rdurack.rack.spec import PlatformSpec
-from rdurack.rack.timing import StepTiming, Timer, tp_group
+from rdurack.rack.timing import CollectiveCosts, StepTiming, Timer, tp_group
 
 # ------------------------------------------------------------------ shared pieces
 
@@ -34,14 +35,16 @@ class Predictor:
     """Predictions for one platform. Step timings are cached: a CoE study asks for the
     same shapes thousands of times."""
 
-    def __init__(self, platform: PlatformSpec) -> None:
+    def __init__(self, platform: PlatformSpec, collectives: CollectiveCosts | None = None) -> None:
         self.platform = platform
+        self._collectives = collectives  # shared with other predictors (rack/timing.py)
         self._timers: dict[int, Timer] = {}
         self._step = lru_cache(maxsize=4096)(self._step_uncached)
 
     def timer(self, sockets: int) -> Timer:
         if sockets not in self._timers:
-            self._timers[sockets] = Timer(self.platform, tp_group(self.platform, sockets))
+            group = tp_group(self.platform, sockets)
+            self._timers[sockets] = Timer(self.platform, group, self._collectives)
         return self._timers[sockets]
 
     def _step_uncached(
@@ -53,6 +56,12 @@ class Predictor:
         self, model: ModelSpec, phase: Phase, plan: FusionPlan, batch: int, seq: int, sockets: int
     ) -> StepTiming:
         return self._step(model, phase, plan, batch, seq, sockets)
+
+    @property
+    def invocation_s(self) -> float:
+        """What starting a model invocation costs before its first kernel (program and
+        argument load; KernelCostSpec.invocation_ns)."""
+        return self.platform.socket.kernels.invocation_ns * 1e-9
 
     def decode_loop_s(
         self,
@@ -196,10 +205,14 @@ def predict_decode(
 
 # ------------------------------------------------------------------ CoE serving
 
-# Assumption: the prompt length of PAPER Table V's evaluation is not published. A chat
-# prompt with its system preamble of about a thousand tokens is typical; it is the one
-# workload setting the Table V figures depend on that the paper leaves open.
-TABLE_V_PROMPT_TOKENS = 1024
+
+def table_v_prompt_tokens() -> int:
+    """The prompt length of PAPER Table V's evaluation: not published, so an assumption
+    fitted with the others (rack/calibration.py, `table_v.prompt_tokens`); it is also the
+    default prompt of a CoE job."""
+    return round(fitted_values()["table_v.prompt_tokens"])
+
+
 # Assumption: host DRAM a DGX keeps for the OS, the framework and pinned staging buffers
 # (not available to hold expert weights). PAPER does not say; 64 GB is a conservative
 # figure for a 2 TB server. It only moves the DGX's expert limit from 148 to 143.
@@ -215,7 +228,7 @@ class CoeSetting:
     experts: int = 150
     batch: int = 8
     output_tokens: int = 20
-    prompt_tokens: int = TABLE_V_PROMPT_TOKENS
+    prompt_tokens: int = field(default_factory=table_v_prompt_tokens)
     expert_model: str = "llama2-7b"
     router_model: str = "llama2-7b"
     sockets: int = 8  # TP8 on every platform, as in the paper
@@ -303,19 +316,22 @@ def predict_coe(p: Predictor, s: CoeSetting, models: dict[str, ModelSpec]) -> Co
     p.check_fits_hbm(
         router, s.sockets, s.batch * kv_tokens, extra=ceil(expert.weight_bytes / s.sockets)
     )
-    router_s = p.step(
-        router,
-        Phase.PREFILL,
-        FusionPlan.FUSED_HO if plan is not FusionPlan.UNFUSED else FusionPlan.UNFUSED,
-        s.batch,
-        s.prompt_tokens,
-        s.sockets,
-    ).total_s
+    router_s = (
+        p.invocation_s
+        + p.step(
+            router,
+            Phase.PREFILL,
+            FusionPlan.FUSED_HO if plan is not FusionPlan.UNFUSED else FusionPlan.UNFUSED,
+            s.batch,
+            s.prompt_tokens,
+            s.sockets,
+        ).total_s
+    )
     per_switch = switch_time_s(p.platform, expert.weight_bytes, s.sockets)
     prefill_plan = FusionPlan.UNFUSED if plan is FusionPlan.UNFUSED else FusionPlan.FUSED_HO
     prefill = p.step(expert, Phase.PREFILL, prefill_plan, 1, s.prompt_tokens, s.sockets).total_s
     decode = p.decode_loop_s(expert, plan, 1, s.prompt_tokens, s.output_tokens - 1, s.sockets)
-    expert_each = prefill + decode
+    expert_each = p.invocation_s + prefill + decode
     requests = [router_s + (i + 1) * (per_switch + expert_each) for i in range(s.batch)]
     return CoeResult(
         **base,

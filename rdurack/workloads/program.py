@@ -53,6 +53,16 @@ class Kernel:
     kv_tokens: int = 0
     role: str = ""  # "router", "prefill", "decode": what the span says it is
 
+    @property
+    def starts_invocation(self) -> bool:
+        """A router pass or a request's prefill starts a model invocation, which first
+        loads the model's program and arguments (KernelCostSpec.invocation_ns); the
+        decode that follows a prefill continues it."""
+        return self.role in INVOCATION_ROLES
+
+
+INVOCATION_ROLES = frozenset({"router", "prefill"})
+
 
 @dataclass(frozen=True)
 class Switch:

@@ -18,7 +18,7 @@ from opentelemetry.trace import Link, SpanKind
 from rdurack.telemetry import names
 from rdurack.telemetry.file_export import JsonlSpanExporter
 from rdurack.traces.spans import Span
-from rdurack.workloads.paper import Figure
+from rdurack.workloads.paper.figure import Figure
 
 WALL0 = 1_700_000_000_000_000_000  # ns: the wall time a job reserved its sockets
 EMU0 = 5_000_000_000  # ns: the sockets' emulated clock when the job started (not 0)

@@ -39,7 +39,7 @@ def test_generated_table_is_up_to_date(command: str) -> None:
 
 
 def test_readme_count_of_reproduced_figures_is_current() -> None:
-    from rdurack.workloads.paper import PaperStudy
+    from rdurack.workloads.paper.study import PaperStudy
 
     readme = (DOCS.parents[1] / "README.md").read_text()
     found = re.search(r"reproduces (\d+) of (\d+) published figures", readme)

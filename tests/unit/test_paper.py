@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from rdurack.workloads.paper import Figure, PaperStudy
+from rdurack.workloads.paper.figure import Figure
+from rdurack.workloads.paper.study import PaperStudy
 
 # Known miss, documented in docs/figures.md: a launch cost per kernel call cannot give
 # the paper's 1.4-8x HO-over-SO decode gain without breaking the unfused baseline.

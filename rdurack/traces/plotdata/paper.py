@@ -10,7 +10,7 @@ import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from rdurack.workloads.paper import Figure
+from rdurack.workloads.paper.figure import Figure
 
 LABEL_WIDTH = 56  # characters per line of a row's label
 # The range panel's ticks, where they fall inside its axis: plain numbers, not powers of

@@ -14,7 +14,7 @@ from matplotlib.ticker import NullFormatter
 
 from rdurack.traces.plotdata.paper import PaperPlot, paper_plot
 from rdurack.traces.plots.canvas import save
-from rdurack.workloads.paper import Figure as PaperFigure
+from rdurack.workloads.paper.figure import Figure as PaperFigure
 
 OK_COLOR, MISS_COLOR = "#2ca02c", "#d62728"
 

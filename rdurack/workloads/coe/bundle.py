@@ -162,8 +162,9 @@ class BundleShare:
                 raise InvalidRequest(f"steps must be positive, got {op.steps}")
             model = _model(self.models, op.model)
             t = self.predictor.step(model, op.phase, op.plan, op.batch, op.seq, self.group)
+            invocation = self.predictor.invocation_s if op.starts_invocation else 0.0
             cost = _KernelCost(
-                seconds_to_ns(t.total_s * op.steps * slowdown),
+                seconds_to_ns((t.total_s * op.steps + invocation) * slowdown),
                 t.kernel_calls * op.steps,
                 int(t.hbm_bytes * op.steps),
                 int(t.flops * op.steps),

@@ -19,7 +19,7 @@ from rdurack.config import Config
 from rdurack.errors import InvalidRequest
 from rdurack.rack.kernels import FusionPlan
 from rdurack.workloads.coe.router import Router, RoutingPolicy, hash_route, resolve_hint, tokenize
-from rdurack.workloads.predictor import TABLE_V_PROMPT_TOKENS
+from rdurack.workloads.predictor import table_v_prompt_tokens
 
 # Bounds that keep one job's spec and result within gRPC's default 4 MB messages.
 MAX_REQUESTS = 20_000
@@ -61,7 +61,7 @@ class CoeWorkload(Config):
     router_model: str = Field(default="llama2-7b", min_length=1, max_length=100)
     batch_size: int = Field(default=8, gt=0, le=1024)
     output_tokens: int = Field(default=20, gt=0, le=1 << 16)
-    prompt_tokens: int = Field(default=TABLE_V_PROMPT_TOKENS, gt=0, le=MAX_TOKENS)
+    prompt_tokens: int = Field(default_factory=table_v_prompt_tokens, gt=0, le=MAX_TOKENS)
     prompts: list[str] = Field(default_factory=list, max_length=MAX_REQUESTS)
     expert_hints: list[str] = Field(default_factory=list, max_length=MAX_REQUESTS)
     routing: RoutingPolicy = RoutingPolicy.ROUTER

@@ -34,7 +34,7 @@ from rdurack.traces.plotdata.training import (
 )
 from rdurack.traces.plotdata.units import TimeUnit, bytes_unit, duration_text
 from rdurack.traces.spans import TraceError, read_trace_dir, select_job
-from rdurack.workloads.paper import Figure
+from rdurack.workloads.paper.figure import Figure
 from tests.support.traces import (
     OPS,
     PAPER_FIGURES,

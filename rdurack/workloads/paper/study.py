@@ -1,31 +1,30 @@
 """The published figures rdurack reproduces, each predicted from one parameter set.
 
-Every figure names its source and says whether it was *fitted* (used to choose one of
-the unpublished assumptions in rack/presets.py, so agreement is a consistency check)
-or *predicted* (never used to choose anything). A value figure passes within ±15%; a
-range figure passes when every predicted point lies inside the published range.
+Every figure names its source and says whether it is *fitted* (in the set the joint
+calibration fits the unpublished assumptions against, rack/calibration.py; its
+leave-one-out error says how well it is predicted when left out) or *predicted* (never
+used to choose anything). `PaperStudy(values)` predicts them at any assumption values,
+which is how the calibration tries them; by default at the calibrated ones.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable, Mapping
 
+from rdurack.rack.calibration import fitted_values
 from rdurack.rack.kernels import FusionPlan, Phase, step
 from rdurack.rack.models import ModelSpec, builtin_models
 from rdurack.rack.presets import builtin_platforms
-from rdurack.rack.spec import PlatformSpec
+from rdurack.rack.timing import CollectiveCosts
+from rdurack.workloads.paper.figure import Figure
+from rdurack.workloads.paper.table_v import TableV
 from rdurack.workloads.predictor import (
-    CoeSetting,
     Predictor,
-    predict_coe,
     predict_decode,
     predict_footprint,
     predict_fusion,
 )
 
-TOLERANCE = 0.15
 GIB = 2**30
 
 # PAPER Table III: the transformer benchmarks and their sequence lengths. Which phases
@@ -40,60 +39,6 @@ TABLE_III = [
     ("bloom-176b", 8192),
 ]
 TABLE_III_TRAIN = [("llama2-7b", 4096), ("llama2-13b", 2048)]
-# PAPER Table V compares at an expert count the DGX can hold (at 150 it runs out of
-# memory); with every prompt switching a cold expert, the time does not depend on it.
-TABLE_V_EXPERTS = 100
-# PAPER's SN40L decode in Table V is fused and hardware-orchestrated: kernel looping came
-# later (KL, arXiv 2410.23668, five months after PAPER) and reports its gain against that
-# baseline. So Table V is reproduced with fused-ho, not the kernel-looped default.
-TABLE_V_DECODE_PLAN = FusionPlan.FUSED_HO
-
-
-@dataclass(frozen=True)
-class Figure:
-    key: str
-    what: str
-    source: str
-    unit: str
-    published: float | tuple[float, float] | bool
-    predicted: float | tuple[float, float] | bool
-    fitted: bool = False
-
-    @property
-    def error(self) -> float | None:
-        """Relative error of a value figure; None for ranges and yes/no figures."""
-        if isinstance(self.published, bool | tuple):
-            return None
-        assert isinstance(self.predicted, float | int)
-        return (self.predicted - self.published) / self.published
-
-    @property
-    def ok(self) -> bool:
-        if isinstance(self.published, bool):
-            return self.predicted == self.published
-        if isinstance(self.published, tuple):
-            lo, hi = self.published
-            assert isinstance(self.predicted, tuple)
-            return lo <= self.predicted[0] and self.predicted[1] <= hi
-        err = self.error
-        return err is not None and abs(err) <= TOLERANCE
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "key": self.key,
-            "what": self.what,
-            "source": self.source,
-            "unit": self.unit,
-            "published": list(self.published)
-            if isinstance(self.published, tuple)
-            else self.published,
-            "predicted": list(self.predicted)
-            if isinstance(self.predicted, tuple)
-            else self.predicted,
-            "error": self.error,
-            "ok": self.ok,
-            "fitted": self.fitted,
-        }
 
 
 def _span(values: list[float]) -> tuple[float, float]:
@@ -101,17 +46,24 @@ def _span(values: list[float]) -> tuple[float, float]:
 
 
 class PaperStudy:
-    """Computes every figure from the built-in platforms and models."""
+    """Computes every figure from the built-in platforms and models, with the
+    assumptions at `values` (rack/calibration.py names them; default: the calibrated).
+    `collectives`: a collective-cost cache shared with other studies (a fit's)."""
 
-    def __init__(self, platforms: dict[str, PlatformSpec] | None = None) -> None:
-        self.platforms = platforms or builtin_platforms()
+    def __init__(
+        self, values: Mapping[str, float] | None = None, collectives: CollectiveCosts | None = None
+    ) -> None:
+        self.values = fitted_values() if values is None else dict(values)
+        self.platforms = builtin_platforms(self.values)
         self.models: dict[str, ModelSpec] = builtin_models()
-        self.predictors = {name: Predictor(p) for name, p in self.platforms.items()}
+        self.predictors = {n: Predictor(p, collectives) for n, p in self.platforms.items()}
+        # Not rounded: a fit moves the prompt length continuously (calibration/fit.py).
+        self.table_v = TableV(self.predictors, self.models, self.values["table_v.prompt_tokens"])
 
     def figures(self) -> list[Figure]:
         makers: list[Callable[[], list[Figure]]] = [
             self._rack_totals,
-            self._table_v,
+            self.table_v.figures,
             self._footprint,
             self._fusion,
             self._kernel_looping,
@@ -160,80 +112,6 @@ class PaperStudy:
             ),
         ]
 
-    # ------------------------------------------------------------ PAPER Table V
-
-    def _coe(self, platform: str, experts: int) -> Any:
-        p = self.predictors[platform]
-        plan = TABLE_V_DECODE_PLAN if p.platform.socket.kernels.dataflow_fusion else None
-        setting = CoeSetting(experts=experts, decode_plan=plan)
-        return predict_coe(p, setting, self.models)
-
-    def _table_v(self) -> list[Figure]:
-        sn = self._coe("sn40l-node", TABLE_V_EXPERTS)
-        a100 = self._coe("dgx-a100", TABLE_V_EXPERTS)
-        h100 = self._coe("dgx-h100", TABLE_V_EXPERTS)
-        src = "PAPER Table V (batch 8, 20 output tokens)"
-        return [
-            Figure(
-                "coe_speedup_dgx_a100",
-                "CoE overall speedup, SN40L node vs DGX A100",
-                src,
-                "x",
-                6.6,
-                a100.total_s / sn.total_s,
-                fitted=True,
-            ),
-            Figure(
-                "coe_speedup_dgx_h100",
-                "CoE overall speedup, SN40L node vs DGX H100",
-                src,
-                "x",
-                3.7,
-                h100.total_s / sn.total_s,
-                fitted=True,
-            ),
-            Figure(
-                "switch_speedup_dgx_a100",
-                "model switching, SN40L node vs DGX A100",
-                "PAPER Sec. VI-C",
-                "x",
-                31.0,
-                a100.switch_s_per_expert / sn.switch_s_per_expert,
-            ),
-            Figure(
-                "switch_speedup_dgx_h100",
-                "model switching, SN40L node vs DGX H100",
-                "PAPER Sec. VI-C",
-                "x",
-                15.0,
-                h100.switch_s_per_expert / sn.switch_s_per_expert,
-            ),
-            Figure(
-                "coe_150_dgx_a100_oom",
-                "150 experts: DGX A100 runs out of memory",
-                "PAPER Sec. VI-C",
-                "",
-                True,
-                self._coe("dgx-a100", 150).oom,
-            ),
-            Figure(
-                "coe_150_dgx_h100_oom",
-                "150 experts: DGX H100 runs out of memory",
-                "PAPER Sec. VI-C",
-                "",
-                True,
-                self._coe("dgx-h100", 150).oom,
-            ),
-            Figure(
-                "coe_150_sn40l_serves",
-                "150 experts: the SN40L node serves them",
-                "PAPER Sec. VI-C",
-                "",
-                True,
-                not self._coe("sn40l-node", 150).oom,
-            ),
-        ]
-
     def _footprint(self) -> list[Figure]:
         expert = self.models["llama2-7b"]
         sn = predict_footprint(self.platforms["sn40l-node"], expert)
@@ -271,6 +149,7 @@ class PaperStudy:
                 "x",
                 (1.0, 13.0),
                 _span([r.speedup for r in decode.values()]),
+                fitted=True,
             ),
             Figure(
                 "fusion_decode_mistral_top",
@@ -287,6 +166,7 @@ class PaperStudy:
                 "x",
                 (1.5, 3.0),
                 _span([r.speedup for r in prefill]),
+                fitted=True,
             ),
             Figure(
                 "fusion_train",
@@ -295,6 +175,7 @@ class PaperStudy:
                 "x",
                 (1.5, 3.0),
                 _span([r.speedup for r in train]),
+                fitted=True,
             ),
             Figure(
                 "ho_over_so_decode",
@@ -303,6 +184,7 @@ class PaperStudy:
                 "x",
                 (1.4, 8.0),
                 _span([r.fused_so_s / r.fused_s for r in decode.values()]),
+                fitted=True,
             ),
             Figure(
                 "ho_over_so_prefill_train",
@@ -311,6 +193,7 @@ class PaperStudy:
                 "x",
                 (1.0, 1.1),
                 _span([r.fused_so_s / r.fused_s for r in prefill + train]),
+                fitted=True,
             ),
         ]
 
@@ -391,28 +274,3 @@ class PaperStudy:
                 sum(b.fused_hbm_bytes() * n for b, n in s.blocks) / GIB,
             ),
         ]
-
-
-def _cell(value: float | tuple[float, float] | bool) -> str:
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, tuple):
-        return f"{value[0]:.3g} – {value[1]:.3g}"
-    return f"{value:.3g}"
-
-
-def to_markdown(figures: list[Figure]) -> str:
-    """The figures as a Markdown table (docs/figures.md embeds this output verbatim)."""
-    rows = [
-        "| figure | source | published | predicted | error | verdict |",
-        "|---|---|---|---|---|---|",
-    ]
-    for f in figures:
-        unit = f" ({f.unit})" if f.unit else ""
-        err = "" if f.error is None else f"{f.error:+.1%}"
-        verdict = ("ok" if f.ok else "**miss**") + (", fitted" if f.fitted else "")
-        rows.append(
-            f"| {f.what}{unit} | {f.source} | {_cell(f.published)} | {_cell(f.predicted)} "
-            f"| {err} | {verdict} |"
-        )
-    return "\n".join(rows) + "\n"
