@@ -73,6 +73,7 @@ def build_app() -> typer.Typer:
         {
             "fusion": predict.predict_fusion_cmd,
             "decode": predict.predict_decode_cmd,
+            "serve": predict.predict_serve_cmd,
             "coe": predict.predict_coe_cmd,
             "ddp": predict.predict_ddp_cmd,
             "footprint": predict.predict_footprint_cmd,

@@ -1,4 +1,5 @@
-"""The options `rdu` commands share, and the connection options as one dependency.
+"""The options `rdu` commands share (speculative decoding's, with `speculative_setting`
+that makes them a setting), and the connection options as one dependency.
 
 A command that calls the orchestrator takes a keyword parameter `to: Target`;
 `talks_to_orchestrator` shows typer, in its place, the options of `connection`
@@ -18,7 +19,15 @@ from typing import Annotated, Any
 import typer
 
 from rdurack.client.connection import DEFAULT_ADDRESS, Target, one_line_errors
+from rdurack.errors import InvalidRequest
+from rdurack.rack.kernels import FusionPlan
 from rdurack.security.tls import ENV_CA, ENV_SERVER_NAME
+from rdurack.workloads.serving.speculative import (
+    DEFAULT_ACCEPTANCE,
+    DEFAULT_DRAFT_TOKENS,
+    DRAFT_MODELS,
+    SpeculativeSetting,
+)
 
 WATCH_TIMEOUT_S = 600.0  # how long --wait and rdu watch follow a job by default, wall s
 
@@ -44,6 +53,37 @@ PortOpt = Annotated[int, typer.Option(min=0, max=65535, help="orchestrator port"
 ModelOpt = Annotated[str, typer.Option(help="model preset, e.g. llama2-7b")]
 SeqOpt = Annotated[int, typer.Option(min=1, help="prompt length, or the decode context")]
 BatchSizeOpt = Annotated[int, typer.Option(min=1)]
+PromptTokensOpt = Annotated[int, typer.Option(min=1, help="prompt length of each request")]
+OutputTokensOpt = Annotated[int, typer.Option(min=1, help="tokens each request generates")]
+ServePlanOpt = Annotated[
+    FusionPlan | None,
+    typer.Option(
+        "--plan",
+        "--fusion-plan",
+        help="decode plan; default: kernel-looped on SN40L, unfused on GPUs (prefill: "
+        "fused-ho for kernel-looped, else the same plan)",
+    ),
+]
+
+# Speculative decoding (workloads/serving/speculative.py holds the defaults and their reasons).
+SpeculativeOpt = Annotated[
+    bool,
+    typer.Option(
+        "--speculative", help="speculative decoding: a draft model proposes, the target verifies"
+    ),
+]
+_DRAFTS = ", ".join(f"{d} for {t}" for t, d in DRAFT_MODELS.items())
+DraftModelOpt = Annotated[
+    str | None,
+    typer.Option(help=f"with --speculative; default: the target's draft ({_DRAFTS})"),
+]
+DraftTokensOpt = Annotated[
+    int, typer.Option(min=1, max=64, help="with --speculative: tokens drafted per iteration")
+]
+AcceptanceOpt = Annotated[
+    float,
+    typer.Option(min=0.0, max=1.0, help="with --speculative: chance a drafted token is accepted"),
+]
 
 AddressOpt = Annotated[
     str,
@@ -106,3 +146,18 @@ def talks_to_orchestrator(command: Callable[..., None]) -> Callable[..., None]:
     run.__signature__ = signature.replace(parameters=shown)  # type: ignore[attr-defined]
     run.__annotations__ = {p.name: p.annotation for p in shown} | {"return": None}
     return run
+
+
+def speculative_setting(
+    speculative: bool,
+    draft_model: str | None,
+    draft_tokens: int = DEFAULT_DRAFT_TOKENS,
+    acceptance: float = DEFAULT_ACCEPTANCE,
+) -> SpeculativeSetting | None:
+    """The speculative options as a setting; None without --speculative (where a draft
+    model named anyway is refused: it would be ignored)."""
+    if not speculative:
+        if draft_model is not None:
+            raise InvalidRequest("--draft-model needs --speculative")
+        return None
+    return SpeculativeSetting.of(draft_model, draft_tokens, acceptance)

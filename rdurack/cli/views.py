@@ -63,16 +63,27 @@ TIER_NAMES = {common_pb2.TIER_SRAM: "sram", common_pb2.TIER_HBM: "hbm", common_p
 
 
 def emit(as_json: bool, data: dict[str, Any], title: str) -> None:
-    """`data` as one JSON object, or as a table of its keys and values."""
+    """`data` as one JSON object, or as a table of its keys and values (a nested
+    object's as `key.inner`)."""
     if as_json:
         print(json.dumps(data))
         return
     table = Table(title=title, show_header=False)
-    for key, value in data.items():
+    for key, value in _flat(data):
         if isinstance(value, list):
             value = ", ".join(fmt(v) for v in value)
         table.add_row(key, fmt(value))
     Console().print(table)
+
+
+def _flat(data: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
+    rows: list[tuple[str, Any]] = []
+    for key, value in data.items():
+        if isinstance(value, dict) and value:
+            rows += _flat(value, f"{prefix}{key}.")
+        else:
+            rows.append((f"{prefix}{key}", value))
+    return rows
 
 
 def fmt(value: Any) -> str:

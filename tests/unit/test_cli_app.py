@@ -29,7 +29,8 @@ COMMANDS = {
     "submit kernel", "submit coe", "submit train",
     "fault kill-socket", "fault kill-agent", "fault slow", "fault drop-link",
     "fault delay-link", "fault partition", "fault heal", "fault list",
-    "predict fusion", "predict decode", "predict coe", "predict ddp", "predict footprint",
+    "predict fusion", "predict decode", "predict serve", "predict coe", "predict ddp",
+    "predict footprint",
     "bench paper",
 }  # fmt: skip
 CONNECTION = ["address", "token", "token_file", "tls_ca", "tls_server_name"]
