@@ -55,6 +55,9 @@ SeqOpt = Annotated[int, typer.Option(min=1, help="prompt length, or the decode c
 BatchSizeOpt = Annotated[int, typer.Option(min=1)]
 PromptTokensOpt = Annotated[int, typer.Option(min=1, help="prompt length of each request")]
 OutputTokensOpt = Annotated[int, typer.Option(min=1, help="tokens each request generates")]
+# A batch served (rdu predict serve, rdu submit kernel --phase serve) by default.
+DEFAULT_PROMPT_TOKENS = 1024
+DEFAULT_OUTPUT_TOKENS = 1024
 ServePlanOpt = Annotated[
     FusionPlan | None,
     typer.Option(

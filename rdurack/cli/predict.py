@@ -15,6 +15,8 @@ from rich.console import Console
 from rich.table import Table
 
 from rdurack.cli.options import (
+    DEFAULT_OUTPUT_TOKENS,
+    DEFAULT_PROMPT_TOKENS,
     AcceptanceOpt,
     BatchSizeOpt,
     DraftModelOpt,
@@ -117,8 +119,8 @@ def predict_serve_cmd(
     model: Annotated[str, typer.Option(help="model preset")],
     sockets: SocketsOpt = None,
     batch_size: BatchSizeOpt = 1,
-    prompt_tokens: PromptTokensOpt = 1024,
-    output_tokens: OutputTokensOpt = 1024,
+    prompt_tokens: PromptTokensOpt = DEFAULT_PROMPT_TOKENS,
+    output_tokens: OutputTokensOpt = DEFAULT_OUTPUT_TOKENS,
     plan: ServePlanOpt = None,
     speculative: SpeculativeOpt = False,
     draft_model: DraftModelOpt = None,

@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from rdurack.v1 import common_pb2, job_pb2, rack_pb2
+from rdurack.workloads.serving.report import ServeReport
 
 # The CoE result fields the CLI shows, in order (`per_request` follows in --json).
 RESULT_KEYS = (
@@ -170,7 +171,7 @@ def job_dict(job: job_pb2.Job) -> dict[str, Any]:
     emulated: float | None = r.emulated_s if has else None
     if emulated is None and job.emulated_end_ns:
         emulated = (job.emulated_end_ns - job.emulated_start_ns) / 1e9
-    return {
+    data = {
         "job_id": job.id,
         "name": job.spec.name,
         "state": state_name(job.state),
@@ -190,6 +191,29 @@ def job_dict(job: job_pb2.Job) -> dict[str, Any]:
         "launch_overhead_s": r.launch_overhead_s if has else None,
         "error": job.error_message or None,
     }
+    if k.phase == common_pb2.PHASE_SERVE:
+        data |= serve_fields(job)
+    return data
+
+
+def serve_fields(job: job_pb2.Job) -> dict[str, Any]:
+    """A serve job's figures, the fields of `rdu predict serve` (its report, once the job
+    has one; before, its spec's sizes and nulls)."""
+    if job.result.kernel.HasField("serve"):
+        report = ServeReport.model_validate(
+            json_format.MessageToDict(job.result.kernel.serve, preserving_proto_field_name=True)
+        )
+        return report.model_dump(mode="json")
+    k = job.spec.kernel
+    sizes = {
+        "platform": job.spec.platform,
+        "model": k.model,
+        "num_sockets": k.num_sockets,
+        "batch_size": k.batch_size,
+        "prompt_tokens": k.sequence_length,
+        "output_tokens": k.output_tokens,
+    }
+    return {key: sizes.get(key) for key in ServeReport.model_fields}
 
 
 def _essentials(job: job_pb2.Job, model: str, phase: str, **sizes: int) -> dict[str, Any]:

@@ -12,7 +12,8 @@ each step.
 - the decode is summed over its iterations by serving/step_sum.py, exactly.
 
 A serve job's steps are numbered: step 0 is the prefill, step i >= 1 decode iteration
-i - 1 (`split_steps`); the cluster runs them in `segments` and sums the same costs.
+i - 1 (`split_steps`); the cluster runs them in `segments`, each socket pricing its
+call's `serve_parts`, and sums the same costs.
 """
 
 from __future__ import annotations
@@ -107,6 +108,27 @@ def split_steps(b: ServeBatch, first: int, count: int) -> tuple[bool, int, int]:
         )
     start = max(first, 1)
     return first == 0, start - 1, first + count - start
+
+
+@dataclass(frozen=True)
+class Part:
+    """The prefill, or a run of decode iterations, of a call that runs a serve job's
+    steps: what it costs, and which iterations it holds."""
+
+    phase: str  # "prefill" or "decode"
+    cost: Cost
+    first_iteration: int = 0
+    iterations: int = 0
+
+
+def serve_parts(p: Predictor, b: ServeBatch, first: int, count: int) -> list[Part]:
+    """Steps first .. first + count - 1 of a serve job, priced: the prefill if step 0 is
+    among them, then their decode iterations."""
+    prefill, it, n = split_steps(b, first, count)
+    parts = [Part("prefill", prefill_cost(p, b))] if prefill else []
+    if n:
+        parts.append(Part("decode", decode_cost(p, b, it, n), it, n))
+    return parts
 
 
 def segments(b: ServeBatch, chunks: int) -> list[tuple[int, int]]:
