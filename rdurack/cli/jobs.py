@@ -18,17 +18,12 @@ from rdurack.cli.options import (
     DEFAULT_OUTPUT_TOKENS,
     DEFAULT_PROMPT_TOKENS,
     WATCH_TIMEOUT_S,
-    AcceptanceOpt,
     BatchSizeOpt,
-    DraftModelOpt,
-    DraftTokensOpt,
     JsonOpt,
     ModelOpt,
     NameOpt,
-    SpeculativeOpt,
     TimeoutOpt,
     WaitOpt,
-    speculative_setting,
 )
 from rdurack.cli.views import (
     format_seconds,
@@ -45,7 +40,7 @@ from rdurack.orchestrator.jobs import JobState
 from rdurack.rack.kernels import FusionPlan
 from rdurack.v1 import common_pb2, job_pb2
 from rdurack.wire.jobs import speculative_to_proto
-from rdurack.workloads.serving.speculative import DEFAULT_ACCEPTANCE, DEFAULT_DRAFT_TOKENS
+from rdurack.workloads.serving.speculative import SpeculativeSetting
 
 JobIdArg = Annotated[str, typer.Argument(help="a job id")]
 
@@ -124,10 +119,7 @@ def submit_kernel_cmd(
         int | None,
         typer.Option(min=1, help="decode, serve: tokens to generate (default 1; serve 1024)"),
     ] = None,
-    speculative: SpeculativeOpt = False,
-    draft_model: DraftModelOpt = None,
-    draft_tokens: DraftTokensOpt = DEFAULT_DRAFT_TOKENS,
-    acceptance: AcceptanceOpt = DEFAULT_ACCEPTANCE,
+    speculative: SpeculativeSetting | None = None,
     priority: Annotated[int, typer.Option(help="higher runs first")] = 0,
     name: NameOpt = "",
     request_id: Annotated[
@@ -149,8 +141,7 @@ def submit_kernel_cmd(
         )
     if not serve and prompt_tokens is not None:
         raise InvalidRequest("--prompt-tokens is for --phase serve; a step takes --seq")
-    setting = speculative_setting(speculative, draft_model, draft_tokens, acceptance)
-    if setting is not None and not serve:
+    if speculative is not None and not serve:
         raise InvalidRequest("--speculative runs with --phase serve (a whole batch)")
     kernel = job_pb2.KernelJob(
         model=model,
@@ -159,7 +150,7 @@ def submit_kernel_cmd(
         batch_size=batch_size,
         num_sockets=sockets,
         output_tokens=0,
-        speculative=speculative_to_proto(setting),
+        speculative=speculative_to_proto(speculative),
     )
     if phase is KernelPhase.DECODE:
         kernel.output_tokens = output_tokens or 1

@@ -14,7 +14,7 @@ from collections.abc import Callable
 import typer
 
 from rdurack.cli import coe, demo, fault, jobs, lifecycle, predict, security, status, trace, train
-from rdurack.cli.options import talks_to_orchestrator
+from rdurack.cli.options import speculates, talks_to_orchestrator
 from rdurack.errors import RdurackError
 
 Commands = dict[str, Callable[..., None]]
@@ -22,7 +22,8 @@ Commands = dict[str, Callable[..., None]]
 
 def build_app() -> typer.Typer:
     """The `rdu` application: every command and group, in the order `rdu --help` lists
-    them. Commands that call the orchestrator get its connection options here."""
+    them. Commands that call the orchestrator get its connection options here, and those
+    that may decode speculatively the speculative options."""
     app = typer.Typer(
         help="rdurack: an emulated rack of SN40L-style RDU sockets.",
         no_args_is_help=True,
@@ -50,7 +51,7 @@ def build_app() -> typer.Typer:
     submit = _group(
         "Submit a job to the rack's orchestrator.",
         {
-            "kernel": talks_to_orchestrator(jobs.submit_kernel_cmd),
+            "kernel": talks_to_orchestrator(speculates(jobs.submit_kernel_cmd)),
             "coe": talks_to_orchestrator(coe.submit_coe_cmd),
             "train": talks_to_orchestrator(train.submit_train_cmd),
         },
@@ -72,8 +73,8 @@ def build_app() -> typer.Typer:
         "Predict with the timing model, in one process.",
         {
             "fusion": predict.predict_fusion_cmd,
-            "decode": predict.predict_decode_cmd,
-            "serve": predict.predict_serve_cmd,
+            "decode": speculates(predict.predict_decode_cmd),
+            "serve": speculates(predict.predict_serve_cmd),
             "coe": predict.predict_coe_cmd,
             "ddp": predict.predict_ddp_cmd,
             "footprint": predict.predict_footprint_cmd,

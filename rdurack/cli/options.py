@@ -1,18 +1,24 @@
-"""The options `rdu` commands share (speculative decoding's, with `speculative_setting`
-that makes them a setting), and the connection options as one dependency.
+"""The options `rdu` commands share, and two groups of options as one dependency each:
+the connection options, and speculative decoding's.
 
 A command that calls the orchestrator takes a keyword parameter `to: Target`;
 `talks_to_orchestrator` shows typer, in its place, the options of `connection`
 (--address, --token, --token-file, --tls-ca, --tls-server-name), so every such command
 has the same five with the same help, and calls the command with the Target they make.
 It also turns the command's gRPC failures into one line naming the orchestrator.
+Likewise a command that may decode speculatively takes a `SpeculativeSetting | None`
+parameter; `speculates` shows typer, in its place, the options of `speculation`
+(--speculative, --draft-model, --draft-tokens, --acceptance, with the defaults of
+workloads/serving/speculative.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -132,30 +138,14 @@ def connection(
 def talks_to_orchestrator(command: Callable[..., None]) -> Callable[..., None]:
     """`command` with its `to: Target` parameter shown to typer as the options of
     `connection`, in its place; its gRPC failures one line (the module docstring)."""
-    signature = inspect.signature(command, eval_str=True)
-    options = list(inspect.signature(connection, eval_str=True).parameters.values())
-    (target,) = [p for p in signature.parameters.values() if p.annotation is Target]
-    shown = []
-    for p in signature.parameters.values():
-        shown += [o.replace(kind=target.kind) for o in options] if p is target else [p]
-
-    @functools.wraps(command)
-    def run(**kwargs: Any) -> None:
-        to = connection(**{o.name: kwargs.pop(o.name) for o in options})
-        with one_line_errors(to.address):
-            command(**kwargs, **{target.name: to})
-
-    # typer reads a command's options from its signature and type hints.
-    run.__signature__ = signature.replace(parameters=shown)  # type: ignore[attr-defined]
-    run.__annotations__ = {p.name: p.annotation for p in shown} | {"return": None}
-    return run
+    return _in_place_of(command, Target, connection, lambda to: one_line_errors(to.address))
 
 
-def speculative_setting(
-    speculative: bool,
-    draft_model: str | None,
-    draft_tokens: int = DEFAULT_DRAFT_TOKENS,
-    acceptance: float = DEFAULT_ACCEPTANCE,
+def speculation(
+    speculative: SpeculativeOpt = False,
+    draft_model: DraftModelOpt = None,
+    draft_tokens: DraftTokensOpt = DEFAULT_DRAFT_TOKENS,
+    acceptance: AcceptanceOpt = DEFAULT_ACCEPTANCE,
 ) -> SpeculativeSetting | None:
     """The speculative options as a setting; None without --speculative (where a draft
     model named anyway is refused: it would be ignored)."""
@@ -164,3 +154,37 @@ def speculative_setting(
             raise InvalidRequest("--draft-model needs --speculative")
         return None
     return SpeculativeSetting.of(draft_model, draft_tokens, acceptance)
+
+
+def speculates(command: Callable[..., None]) -> Callable[..., None]:
+    """`command` with its `SpeculativeSetting | None` parameter shown to typer as the
+    options of `speculation`, in its place."""
+    return _in_place_of(command, SpeculativeSetting | None, speculation)
+
+
+def _in_place_of(
+    command: Callable[..., None],
+    annotation: object,
+    factory: Callable[..., Any],
+    guard: Callable[[Any], AbstractContextManager[None]] | None = None,
+) -> Callable[..., None]:
+    """`command` with its one parameter annotated `annotation` shown to typer as the
+    parameters of `factory`, in its place: it is called with what `factory` makes of
+    them (inside `guard(made)`, when given)."""
+    signature = inspect.signature(command, eval_str=True)
+    options = list(inspect.signature(factory, eval_str=True).parameters.values())
+    (target,) = [p for p in signature.parameters.values() if p.annotation == annotation]
+    shown = []
+    for p in signature.parameters.values():
+        shown += [o.replace(kind=target.kind) for o in options] if p is target else [p]
+
+    @functools.wraps(command)
+    def run(**kwargs: Any) -> None:
+        made = factory(**{o.name: kwargs.pop(o.name) for o in options})
+        with guard(made) if guard else contextlib.nullcontext():
+            command(**kwargs, **{target.name: made})
+
+    # typer reads a command's options from its signature and type hints.
+    run.__signature__ = signature.replace(parameters=shown)  # type: ignore[attr-defined]
+    run.__annotations__ = {p.name: p.annotation for p in shown} | {"return": None}
+    return run

@@ -17,10 +17,7 @@ from rich.table import Table
 from rdurack.cli.options import (
     DEFAULT_OUTPUT_TOKENS,
     DEFAULT_PROMPT_TOKENS,
-    AcceptanceOpt,
     BatchSizeOpt,
-    DraftModelOpt,
-    DraftTokensOpt,
     JsonOpt,
     ModelOpt,
     OutputTokensOpt,
@@ -28,8 +25,6 @@ from rdurack.cli.options import (
     SeqOpt,
     ServePlanOpt,
     SpecOpt,
-    SpeculativeOpt,
-    speculative_setting,
 )
 from rdurack.cli.views import emit
 from rdurack.errors import UnknownName
@@ -48,7 +43,7 @@ from rdurack.workloads.predictor import (
 )
 from rdurack.workloads.serving.batch import ServeRequest
 from rdurack.workloads.serving.predict import predict_serve, predict_speculative_decode
-from rdurack.workloads.serving.speculative import DEFAULT_ACCEPTANCE, DEFAULT_DRAFT_TOKENS
+from rdurack.workloads.serving.speculative import SpeculativeSetting
 from rdurack.workloads.training.job import TrainingWorkload, check_fits, predict_scaling, step_cost
 
 MarkdownOpt = Annotated[bool, typer.Option("--markdown", help="print a Markdown table")]
@@ -95,21 +90,17 @@ def predict_decode_cmd(
     plan: Annotated[
         FusionPlan | None, typer.Option(help="default: kernel-looped on SN40L, unfused on GPUs")
     ] = None,
-    speculative: SpeculativeOpt = False,
-    draft_model: DraftModelOpt = None,
-    draft_tokens: DraftTokensOpt = DEFAULT_DRAFT_TOKENS,
-    acceptance: AcceptanceOpt = DEFAULT_ACCEPTANCE,
+    speculative: SpeculativeSetting | None = None,
     spec: SpecOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Steady-state decode throughput of a model on a platform. With --speculative,
     step_s is a draft-and-verify iteration's time over the tokens it yields."""
     p = Predictor(load_platform(platform, spec))
-    setting = speculative_setting(speculative, draft_model, draft_tokens, acceptance)
-    if setting is None:
+    if speculative is None:
         r = predict_decode(p, _model(model), batch_size, sockets, context, plan)
     else:
-        request = ServeRequest(model, batch_size, context, 1, sockets, plan, setting)
+        request = ServeRequest(model, batch_size, context, 1, sockets, plan, speculative)
         r = predict_speculative_decode(p, request, context, builtin_models())
     emit(as_json, r.to_dict(), f"decode: {model} on {platform}")
 
@@ -122,10 +113,7 @@ def predict_serve_cmd(
     prompt_tokens: PromptTokensOpt = DEFAULT_PROMPT_TOKENS,
     output_tokens: OutputTokensOpt = DEFAULT_OUTPUT_TOKENS,
     plan: ServePlanOpt = None,
-    speculative: SpeculativeOpt = False,
-    draft_model: DraftModelOpt = None,
-    draft_tokens: DraftTokensOpt = DEFAULT_DRAFT_TOKENS,
-    acceptance: AcceptanceOpt = DEFAULT_ACCEPTANCE,
+    speculative: SpeculativeSetting | None = None,
     spec: SpecOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -136,8 +124,9 @@ def predict_serve_cmd(
     tokens_per_s_per_user is 1 / itl_s, the decode speed a user sees after the first
     token (as PAPER Table IV and Artificial Analysis measure it); tokens_per_s is every
     generated token over e2e_s."""
-    setting = speculative_setting(speculative, draft_model, draft_tokens, acceptance)
-    request = ServeRequest(model, batch_size, prompt_tokens, output_tokens, sockets, plan, setting)
+    request = ServeRequest(
+        model, batch_size, prompt_tokens, output_tokens, sockets, plan, speculative
+    )
     r = predict_serve(Predictor(load_platform(platform, spec)), request, builtin_models())
     emit(as_json, r.model_dump(mode="json"), f"serve: {model} on {platform}")
 
