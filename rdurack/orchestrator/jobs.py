@@ -117,10 +117,6 @@ class KernelWorkload(Config):
             return self.phase
         raise InvalidRequest("phase serve runs a whole batch, not one step")
 
-    def step_plan(self) -> FusionPlan:
-        """The plan of its steps (set for every phase but serve)."""
-        return self.fusion_plan or FusionPlan.FUSED_HO
-
     def serve_request(self) -> ServeRequest:
         """A serve job's batch, as `rdu predict serve` takes it."""
         return ServeRequest(

@@ -13,7 +13,7 @@ from rdurack.orchestrator.gateway import NodeView
 from rdurack.orchestrator.jobs import Job, JobSpec, JobState
 from rdurack.orchestrator.results import RESULTS, JobResult
 from rdurack.orchestrator.store import Event
-from rdurack.v1 import common_pb2, job_pb2, rack_pb2
+from rdurack.v1 import common_pb2, job_pb2, rack_pb2, serve_pb2
 from rdurack.wire import rack as convert
 from rdurack.wire import training as training_convert
 from rdurack.workloads.coe.spec import CoeWorkload
@@ -78,7 +78,7 @@ def _kernel(p: job_pb2.JobSpec) -> dict[str, Any]:
     return workload
 
 
-def speculative_from_proto(p: common_pb2.SpeculativeDecoding) -> dict[str, Any]:
+def speculative_from_proto(p: serve_pb2.SpeculativeDecoding) -> dict[str, Any]:
     """A SpeculativeSetting's fields, the set ones only (proto3's zero is unset): its
     defaults fill the rest."""
     d: dict[str, Any] = {"draft_model": p.draft_model or None}
@@ -89,10 +89,10 @@ def speculative_from_proto(p: common_pb2.SpeculativeDecoding) -> dict[str, Any]:
     return d
 
 
-def speculative_to_proto(s: SpeculativeSetting | None) -> common_pb2.SpeculativeDecoding | None:
+def speculative_to_proto(s: SpeculativeSetting | None) -> serve_pb2.SpeculativeDecoding | None:
     if s is None:
         return None
-    return common_pb2.SpeculativeDecoding(
+    return serve_pb2.SpeculativeDecoding(
         draft_model=s.draft_model or "", draft_tokens=s.draft_tokens, acceptance=s.acceptance
     )
 

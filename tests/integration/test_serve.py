@@ -12,7 +12,7 @@ import pytest
 from rdurack.cli.views import serve_fields
 from rdurack.rack.models import builtin_models
 from rdurack.rack.presets import platform
-from rdurack.v1 import common_pb2, job_pb2
+from rdurack.v1 import common_pb2, job_pb2, serve_pb2
 from rdurack.wire.jobs import job_to_proto
 from rdurack.workloads.predictor import Predictor
 from rdurack.workloads.serving.batch import ServeRequest
@@ -43,7 +43,7 @@ def _spec(model: str, sockets: int, batch: int, tokens: int, speculative: bool) 
             output_tokens=tokens,
             batch_size=batch,
             num_sockets=sockets,
-            speculative=common_pb2.SpeculativeDecoding() if speculative else None,
+            speculative=serve_pb2.SpeculativeDecoding() if speculative else None,
         ),
     )
 

@@ -13,7 +13,7 @@ from rdurack.orchestrator.jobs import Job, JobSpec, JobState, KernelWorkload
 from rdurack.orchestrator.results import KernelResult
 from rdurack.rack.models import builtin_models
 from rdurack.rack.presets import platform
-from rdurack.v1 import common_pb2, job_pb2, node_agent_pb2
+from rdurack.v1 import common_pb2, job_pb2, node_agent_pb2, serve_pb2
 from rdurack.wire import programs
 from rdurack.wire import rack as convert
 from rdurack.wire.jobs import job_to_proto, spec_from_proto, spec_to_proto
@@ -34,7 +34,7 @@ def _serve_spec(**speculative: object) -> job_pb2.JobSpec:
             batch_size=4,
             num_sockets=16,
             output_tokens=256,
-            speculative=common_pb2.SpeculativeDecoding(**speculative),  # type: ignore[arg-type]
+            speculative=serve_pb2.SpeculativeDecoding(**speculative),  # type: ignore[arg-type]
         ),
     )
 
@@ -112,7 +112,7 @@ def test_a_serve_jobs_json_is_its_report_once_it_has_one() -> None:
 def test_a_report_without_itl_reads_back_as_none() -> None:
     report = ServeReport(model="m", ttft_s=1.0, e2e_s=1.0)  # one output token
     msg = json_format.ParseDict(
-        report.model_dump(mode="json", exclude_none=True), job_pb2.ServeReport()
+        report.model_dump(mode="json", exclude_none=True), serve_pb2.ServeReport()
     )
     assert not msg.HasField("itl_s")
     job = _job(KernelResult(serve=report))
