@@ -20,6 +20,9 @@ from rdurack.wire import programs as program_convert
 from rdurack.wire import rack as convert
 from rdurack.wire import training as training_convert
 from rdurack.wire.faults import fault_from_proto, fault_to_proto
+from rdurack.wire.jobs import speculative_from_proto
+from rdurack.workloads.serving.batch import ServeRequest
+from rdurack.workloads.serving.speculative import SpeculativeSetting
 from rdurack.workloads.training.job import TrainingWorkload
 
 SERVICE = node_agent_pb2.DESCRIPTOR.services_by_name["NodeAgentService"].full_name
@@ -87,8 +90,10 @@ class NodeAgentService(node_agent_pb2_grpc.NodeAgentServiceServicer):
                 "payload_mode: FUNCTIONAL kernels need a model with real weights, which "
                 "the model presets do not have; run kernels in TIMING mode"
             )
-        phase = convert.phase(request.phase)
         group = request.group_size or len(request.group.members) or len(request.socket_ids)
+        if request.phase == common_pb2.PHASE_SERVE:
+            return self._serve(request, group)
+        phase = convert.phase(request.phase)
         steps = request.output_tokens if phase is Phase.DECODE and request.output_tokens else 1
         runs = self.agent.run_kernel(
             request.job_id,
@@ -100,6 +105,34 @@ class NodeAgentService(node_agent_pb2_grpc.NodeAgentServiceServicer):
             convert.positive(request.sequence_length, "sequence_length"),
             group,
             steps,
+            request.emulated_start_ns or None,
+        )
+        return node_agent_pb2.RunKernelResponse(sockets=[convert.kernel_timing(r) for r in runs])
+
+    def _serve(
+        self, request: node_agent_pb2.RunKernelRequest, group: int
+    ) -> node_agent_pb2.RunKernelResponse:
+        """A serve job's steps first_step .. first_step + steps - 1 on the sockets."""
+        speculative = None
+        if request.HasField("speculative"):
+            speculative = SpeculativeSetting.of(**speculative_from_proto(request.speculative))
+        serve = ServeRequest(
+            model=request.model,
+            batch_size=request.batch_size or 1,
+            prompt_tokens=convert.positive(request.sequence_length, "sequence_length"),
+            output_tokens=convert.positive(request.output_tokens, "output_tokens"),
+            sockets=group,
+            plan=None
+            if request.fusion_plan == common_pb2.FUSION_PLAN_UNSPECIFIED
+            else convert.plan(request.fusion_plan),
+            speculative=speculative,
+        )
+        runs = self.agent.serve(
+            request.job_id,
+            list(request.socket_ids),
+            serve,
+            request.first_step,
+            convert.positive(request.steps, "steps"),
             request.emulated_start_ns or None,
         )
         return node_agent_pb2.RunKernelResponse(sockets=[convert.kernel_timing(r) for r in runs])

@@ -26,6 +26,7 @@ from rdurack.wire import programs as program_convert
 from rdurack.wire import rack as convert
 from rdurack.wire import training as training_convert
 from rdurack.wire.faults import fault_from_proto, fault_to_proto
+from rdurack.wire.jobs import speculative_to_proto
 from rdurack.workloads.program import Op, ProgramRun
 from rdurack.workloads.training.job import RankReport, TrainingWorkload
 
@@ -145,18 +146,23 @@ class GrpcNodeGateway:
         workload: KernelWorkload,
         steps: int,
         start_ns: int,
+        first_step: int = 0,
     ) -> list[KernelRun]:
         request = node_agent_pb2.RunKernelRequest(
             job_id=job_id,
             socket_ids=list(sockets),
             model=workload.model,
-            phase=convert.PHASE_TO_PROTO[workload.phase],
-            fusion_plan=convert.PLAN_TO_PROTO[workload.fusion_plan],
+            phase=convert.job_phase_to_proto(workload.phase),
+            fusion_plan=convert.plan_to_proto(workload.fusion_plan),
             sequence_length=workload.sequence_length,
             batch_size=workload.batch_size,
-            output_tokens=steps,
+            # Decode: this call's tokens; serve: the job's (its steps are said apart).
+            output_tokens=workload.output_tokens if workload.serves else steps,
             emulated_start_ns=start_ns,
             group_size=workload.num_sockets,
+            first_step=first_step,
+            steps=steps,
+            speculative=speculative_to_proto(workload.speculative),
         )
         reply = self._call(node, f"kernel of {job_id}", "RunKernel", request, self.timeout_s)
         assert isinstance(reply, node_agent_pb2.RunKernelResponse)
@@ -168,6 +174,8 @@ class GrpcNodeGateway:
                 t.kernel_calls,
                 t.hbm_traffic_bytes,
                 t.flops,
+                t.launch_ns,
+                t.collective_ns,
             )
             for t in reply.sockets
         ]

@@ -1,10 +1,12 @@
-"""The job commands of `rdu`: submit a kernel job (and, for every `rdu submit`, send a
-spec and follow it with --wait), watch a job, show one, cancel one, list them."""
+"""The job commands of `rdu`: submit a kernel job (a step, or a batch served end to end;
+and, for every `rdu submit`, send a spec and follow it with --wait), watch a job, show
+one, cancel one, list them."""
 
 from __future__ import annotations
 
 import json
 import sys
+from enum import StrEnum
 from typing import Annotated
 
 import typer
@@ -13,12 +15,13 @@ from rich.table import Table
 
 from rdurack.cli.follow import show_ended, watch
 from rdurack.cli.options import (
+    DEFAULT_OUTPUT_TOKENS,
+    DEFAULT_PROMPT_TOKENS,
     WATCH_TIMEOUT_S,
     BatchSizeOpt,
     JsonOpt,
     ModelOpt,
     NameOpt,
-    SeqOpt,
     TimeoutOpt,
     WaitOpt,
 )
@@ -32,9 +35,12 @@ from rdurack.cli.views import (
 )
 from rdurack.client.connection import Target
 from rdurack.client.jobs import JobClient
+from rdurack.errors import InvalidRequest
 from rdurack.orchestrator.jobs import JobState
-from rdurack.rack.kernels import FusionPlan, Phase
+from rdurack.rack.kernels import FusionPlan
 from rdurack.v1 import common_pb2, job_pb2
+from rdurack.wire.jobs import speculative_to_proto
+from rdurack.workloads.serving.speculative import SpeculativeSetting
 
 JobIdArg = Annotated[str, typer.Argument(help="a job id")]
 
@@ -73,16 +79,47 @@ def submit_and_follow(
         show_ended(watch(jobs, job.id, timeout_s, show=not as_json), as_json)
 
 
+class KernelPhase(StrEnum):
+    """What a kernel job runs: one step's phase, or a whole batch of requests."""
+
+    PREFILL = "prefill"
+    DECODE = "decode"
+    TRAIN = "train"
+    SERVE = "serve"
+
+
 def submit_kernel_cmd(
     model: ModelOpt,
-    phase: Annotated[Phase, typer.Option(help="one prefill pass, decode tokens, one train step")],
+    phase: Annotated[
+        KernelPhase,
+        typer.Option(
+            help="one prefill pass, decode tokens, one train step, or serve a batch of "
+            "requests (the prefill, then the decode: the figures of rdu predict serve)"
+        ),
+    ],
     fusion_plan: Annotated[
-        FusionPlan | None, typer.Option(help="default: the orchestrator's (fused-ho)")
+        FusionPlan | None,
+        typer.Option(
+            "--fusion-plan",
+            "--plan",
+            help="default: the orchestrator's (fused-ho); serve: the decode plan, default "
+            "the platform's (kernel-looped on SN40L; prefill fused-ho)",
+        ),
     ] = None,
-    seq: SeqOpt = 1024,
+    seq: Annotated[
+        int | None,
+        typer.Option(min=1, help="prompt length, or the decode context (default 1024); not serve"),
+    ] = None,
+    prompt_tokens: Annotated[
+        int | None, typer.Option(min=1, help="serve: prompt length of each request (default 1024)")
+    ] = None,
     batch_size: BatchSizeOpt = 1,
     sockets: Annotated[int, typer.Option(min=1, help="sockets, gang-scheduled")] = 8,
-    output_tokens: Annotated[int, typer.Option(min=1, help="decode: tokens to generate")] = 1,
+    output_tokens: Annotated[
+        int | None,
+        typer.Option(min=1, help="decode, serve: tokens to generate (default 1; serve 1024)"),
+    ] = None,
+    speculative: SpeculativeSetting | None = None,
     priority: Annotated[int, typer.Option(help="higher runs first")] = 0,
     name: NameOpt = "",
     request_id: Annotated[
@@ -94,15 +131,31 @@ def submit_kernel_cmd(
     to: Target,
     as_json: JsonOpt = False,
 ) -> None:
-    """A kernel job: one model's prefill, decode or train step on N sockets."""
+    """A kernel job: one model's prefill, decode or train step on N sockets, or a batch
+    of requests served end to end (--phase serve, with the options of rdu predict
+    serve; --json has its figures)."""
+    serve = phase is KernelPhase.SERVE
+    if serve and seq is not None:
+        raise InvalidRequest(
+            "--seq is a step's prompt or context: --phase serve takes --prompt-tokens"
+        )
+    if not serve and prompt_tokens is not None:
+        raise InvalidRequest("--prompt-tokens is for --phase serve; a step takes --seq")
+    if speculative is not None and not serve:
+        raise InvalidRequest("--speculative runs with --phase serve (a whole batch)")
     kernel = job_pb2.KernelJob(
         model=model,
         phase=common_pb2.Phase.Value(f"PHASE_{phase.name}"),
-        sequence_length=seq,
+        sequence_length=(prompt_tokens if serve else seq) or DEFAULT_PROMPT_TOKENS,
         batch_size=batch_size,
         num_sockets=sockets,
-        output_tokens=output_tokens if phase == Phase.DECODE else 0,
+        output_tokens=0,
+        speculative=speculative_to_proto(speculative),
     )
+    if phase is KernelPhase.DECODE:
+        kernel.output_tokens = output_tokens or 1
+    elif serve:
+        kernel.output_tokens = output_tokens or DEFAULT_OUTPUT_TOKENS
     if fusion_plan is not None:
         kernel.fusion_plan = common_pb2.FusionPlan.Value(f"FUSION_PLAN_{fusion_plan.name}")
     spec = job_pb2.JobSpec(

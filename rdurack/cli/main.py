@@ -26,7 +26,7 @@ from rdurack.cli import (
     trace,
     train,
 )
-from rdurack.cli.options import talks_to_orchestrator
+from rdurack.cli.options import speculates, talks_to_orchestrator
 from rdurack.errors import RdurackError
 
 Commands = dict[str, Callable[..., None]]
@@ -34,7 +34,8 @@ Commands = dict[str, Callable[..., None]]
 
 def build_app() -> typer.Typer:
     """The `rdu` application: every command and group, in the order `rdu --help` lists
-    them. Commands that call the orchestrator get its connection options here."""
+    them. Commands that call the orchestrator get its connection options here, and those
+    that may decode speculatively the speculative options."""
     app = typer.Typer(
         help="rdurack: an emulated rack of SN40L-style RDU sockets.",
         no_args_is_help=True,
@@ -63,7 +64,7 @@ def build_app() -> typer.Typer:
     submit = _group(
         "Submit a job to the rack's orchestrator.",
         {
-            "kernel": talks_to_orchestrator(jobs.submit_kernel_cmd),
+            "kernel": talks_to_orchestrator(speculates(jobs.submit_kernel_cmd)),
             "coe": talks_to_orchestrator(coe.submit_coe_cmd),
             "train": talks_to_orchestrator(train.submit_train_cmd),
         },
@@ -85,7 +86,8 @@ def build_app() -> typer.Typer:
         "Predict with the timing model, in one process.",
         {
             "fusion": predict.predict_fusion_cmd,
-            "decode": predict.predict_decode_cmd,
+            "decode": speculates(predict.predict_decode_cmd),
+            "serve": speculates(predict.predict_serve_cmd),
             "coe": predict.predict_coe_cmd,
             "ddp": predict.predict_ddp_cmd,
             "footprint": predict.predict_footprint_cmd,

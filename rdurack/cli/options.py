@@ -1,24 +1,39 @@
-"""The options `rdu` commands share, and the connection options as one dependency.
+"""The options `rdu` commands share, and two groups of options as one dependency each:
+the connection options, and speculative decoding's.
 
 A command that calls the orchestrator takes a keyword parameter `to: Target`;
 `talks_to_orchestrator` shows typer, in its place, the options of `connection`
 (--address, --token, --token-file, --tls-ca, --tls-server-name), so every such command
 has the same five with the same help, and calls the command with the Target they make.
 It also turns the command's gRPC failures into one line naming the orchestrator.
+Likewise a command that may decode speculatively takes a `SpeculativeSetting | None`
+parameter; `speculates` shows typer, in its place, the options of `speculation`
+(--speculative, --draft-model, --draft-tokens, --acceptance, with the defaults of
+workloads/serving/speculative.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
 from rdurack.client.connection import DEFAULT_ADDRESS, Target, one_line_errors
+from rdurack.errors import InvalidRequest
+from rdurack.rack.kernels import FusionPlan
 from rdurack.security.tls import ENV_CA, ENV_SERVER_NAME
+from rdurack.workloads.serving.speculative import (
+    DEFAULT_ACCEPTANCE,
+    DEFAULT_DRAFT_TOKENS,
+    DRAFT_MODELS,
+    SpeculativeSetting,
+)
 
 WATCH_TIMEOUT_S = 600.0  # how long --wait and rdu watch follow a job by default, wall s
 
@@ -45,6 +60,40 @@ PortOpt = Annotated[int, typer.Option(min=0, max=65535, help="orchestrator port"
 ModelOpt = Annotated[str, typer.Option(help="model preset, e.g. llama2-7b")]
 SeqOpt = Annotated[int, typer.Option(min=1, help="prompt length, or the decode context")]
 BatchSizeOpt = Annotated[int, typer.Option(min=1)]
+PromptTokensOpt = Annotated[int, typer.Option(min=1, help="prompt length of each request")]
+OutputTokensOpt = Annotated[int, typer.Option(min=1, help="tokens each request generates")]
+# A batch served (rdu predict serve, rdu submit kernel --phase serve) by default.
+DEFAULT_PROMPT_TOKENS = 1024
+DEFAULT_OUTPUT_TOKENS = 1024
+ServePlanOpt = Annotated[
+    FusionPlan | None,
+    typer.Option(
+        "--plan",
+        "--fusion-plan",
+        help="decode plan; default: kernel-looped on SN40L, unfused on GPUs (prefill: "
+        "fused-ho for kernel-looped, else the same plan)",
+    ),
+]
+
+# Speculative decoding (workloads/serving/speculative.py holds the defaults and their reasons).
+SpeculativeOpt = Annotated[
+    bool,
+    typer.Option(
+        "--speculative", help="speculative decoding: a draft model proposes, the target verifies"
+    ),
+]
+_DRAFTS = ", ".join(f"{d} for {t}" for t, d in DRAFT_MODELS.items())
+DraftModelOpt = Annotated[
+    str | None,
+    typer.Option(help=f"with --speculative; default: the target's draft ({_DRAFTS})"),
+]
+DraftTokensOpt = Annotated[
+    int, typer.Option(min=1, max=64, help="with --speculative: tokens drafted per iteration")
+]
+AcceptanceOpt = Annotated[
+    float,
+    typer.Option(min=0.0, max=1.0, help="with --speculative: chance a drafted token is accepted"),
+]
 
 AddressOpt = Annotated[
     str,
@@ -90,18 +139,51 @@ def connection(
 def talks_to_orchestrator(command: Callable[..., None]) -> Callable[..., None]:
     """`command` with its `to: Target` parameter shown to typer as the options of
     `connection`, in its place; its gRPC failures one line (the module docstring)."""
+    return _in_place_of(command, Target, connection, lambda to: one_line_errors(to.address))
+
+
+def speculation(
+    speculative: SpeculativeOpt = False,
+    draft_model: DraftModelOpt = None,
+    draft_tokens: DraftTokensOpt = DEFAULT_DRAFT_TOKENS,
+    acceptance: AcceptanceOpt = DEFAULT_ACCEPTANCE,
+) -> SpeculativeSetting | None:
+    """The speculative options as a setting; None without --speculative (where a draft
+    model named anyway is refused: it would be ignored)."""
+    if not speculative:
+        if draft_model is not None:
+            raise InvalidRequest("--draft-model needs --speculative")
+        return None
+    return SpeculativeSetting.of(draft_model, draft_tokens, acceptance)
+
+
+def speculates(command: Callable[..., None]) -> Callable[..., None]:
+    """`command` with its `SpeculativeSetting | None` parameter shown to typer as the
+    options of `speculation`, in its place."""
+    return _in_place_of(command, SpeculativeSetting | None, speculation)
+
+
+def _in_place_of(
+    command: Callable[..., None],
+    annotation: object,
+    factory: Callable[..., Any],
+    guard: Callable[[Any], AbstractContextManager[None]] | None = None,
+) -> Callable[..., None]:
+    """`command` with its one parameter annotated `annotation` shown to typer as the
+    parameters of `factory`, in its place: it is called with what `factory` makes of
+    them (inside `guard(made)`, when given)."""
     signature = inspect.signature(command, eval_str=True)
-    options = list(inspect.signature(connection, eval_str=True).parameters.values())
-    (target,) = [p for p in signature.parameters.values() if p.annotation is Target]
+    options = list(inspect.signature(factory, eval_str=True).parameters.values())
+    (target,) = [p for p in signature.parameters.values() if p.annotation == annotation]
     shown = []
     for p in signature.parameters.values():
         shown += [o.replace(kind=target.kind) for o in options] if p is target else [p]
 
     @functools.wraps(command)
     def run(**kwargs: Any) -> None:
-        to = connection(**{o.name: kwargs.pop(o.name) for o in options})
-        with one_line_errors(to.address):
-            command(**kwargs, **{target.name: to})
+        made = factory(**{o.name: kwargs.pop(o.name) for o in options})
+        with guard(made) if guard else contextlib.nullcontext():
+            command(**kwargs, **{target.name: made})
 
     # typer reads a command's options from its signature and type hints.
     run.__signature__ = signature.replace(parameters=shown)  # type: ignore[attr-defined]

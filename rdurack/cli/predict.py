@@ -12,7 +12,19 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from rdurack.cli.options import BatchSizeOpt, JsonOpt, MarkdownOpt, ModelOpt, SeqOpt, SpecOpt
+from rdurack.cli.options import (
+    DEFAULT_OUTPUT_TOKENS,
+    DEFAULT_PROMPT_TOKENS,
+    BatchSizeOpt,
+    JsonOpt,
+    MarkdownOpt,
+    ModelOpt,
+    OutputTokensOpt,
+    PromptTokensOpt,
+    SeqOpt,
+    ServePlanOpt,
+    SpecOpt,
+)
 from rdurack.cli.views import emit
 from rdurack.errors import UnknownName
 from rdurack.rack.kernels import FusionPlan, Phase
@@ -27,6 +39,9 @@ from rdurack.workloads.predictor import (
     predict_fusion,
     table_v_prompt_tokens,
 )
+from rdurack.workloads.serving.batch import ServeRequest
+from rdurack.workloads.serving.predict import predict_serve, predict_speculative_decode
+from rdurack.workloads.serving.speculative import SpeculativeSetting
 from rdurack.workloads.training.job import TrainingWorkload, check_fits, predict_scaling, step_cost
 
 
@@ -56,22 +71,60 @@ def predict_fusion_cmd(
     emit(as_json, r.to_dict(), f"fusion: {model} {phase.value} on {sockets} sockets")
 
 
+PlatformOpt = Annotated[str, typer.Option(help="sn40l-node, sn40l-rack16, dgx-a100, dgx-h100")]
+SocketsOpt = Annotated[
+    int | None, typer.Option(min=1, help="default: all of the platform (N GPUs for a DGX)")
+]
+
+
 def predict_decode_cmd(
-    platform: Annotated[str, typer.Option(help="sn40l-node, sn40l-rack16, dgx-a100, dgx-h100")],
+    platform: PlatformOpt,
     model: Annotated[str, typer.Option(help="model preset")],
     batch_size: BatchSizeOpt = 1,
-    sockets: Annotated[int | None, typer.Option(min=1, help="default: all of the platform")] = None,
+    sockets: SocketsOpt = None,
     context: Annotated[int, typer.Option(min=1, help="tokens each sequence attends to")] = 4096,
     plan: Annotated[
         FusionPlan | None, typer.Option(help="default: kernel-looped on SN40L, unfused on GPUs")
     ] = None,
+    speculative: SpeculativeSetting | None = None,
     spec: SpecOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Steady-state decode throughput of a model on a platform."""
+    """Steady-state decode throughput of a model on a platform. With --speculative,
+    step_s is a draft-and-verify iteration's time over the tokens it yields."""
     p = Predictor(load_platform(platform, spec))
-    r = predict_decode(p, _model(model), batch_size, sockets, context, plan)
+    if speculative is None:
+        r = predict_decode(p, _model(model), batch_size, sockets, context, plan)
+    else:
+        request = ServeRequest(model, batch_size, context, 1, sockets, plan, speculative)
+        r = predict_speculative_decode(p, request, context, builtin_models())
     emit(as_json, r.to_dict(), f"decode: {model} on {platform}")
+
+
+def predict_serve_cmd(
+    platform: PlatformOpt,
+    model: Annotated[str, typer.Option(help="model preset")],
+    sockets: SocketsOpt = None,
+    batch_size: BatchSizeOpt = 1,
+    prompt_tokens: PromptTokensOpt = DEFAULT_PROMPT_TOKENS,
+    output_tokens: OutputTokensOpt = DEFAULT_OUTPUT_TOKENS,
+    plan: ServePlanOpt = None,
+    speculative: SpeculativeSetting | None = None,
+    spec: SpecOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """A batch of requests end to end: time to first token (the prefill), mean
+    inter-token latency, end-to-end latency, tokens/s, and where the time went. The KV
+    cache grows with every decoded token; a batch that does not fit HBM is refused.
+
+    tokens_per_s_per_user is 1 / itl_s, the decode speed a user sees after the first
+    token (as PAPER Table IV and Artificial Analysis measure it); tokens_per_s is every
+    generated token over e2e_s."""
+    request = ServeRequest(
+        model, batch_size, prompt_tokens, output_tokens, sockets, plan, speculative
+    )
+    r = predict_serve(Predictor(load_platform(platform, spec)), request, builtin_models())
+    emit(as_json, r.model_dump(mode="json"), f"serve: {model} on {platform}")
 
 
 def predict_coe_cmd(

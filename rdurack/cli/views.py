@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from rdurack.v1 import common_pb2, job_pb2, rack_pb2
+from rdurack.workloads.serving.report import ServeReport
 
 # The CoE result fields the CLI shows, in order (`per_request` follows in --json).
 RESULT_KEYS = (
@@ -63,16 +64,27 @@ TIER_NAMES = {common_pb2.TIER_SRAM: "sram", common_pb2.TIER_HBM: "hbm", common_p
 
 
 def emit(as_json: bool, data: dict[str, Any], title: str) -> None:
-    """`data` as one JSON object, or as a table of its keys and values."""
+    """`data` as one JSON object, or as a table of its keys and values (a nested
+    object's as `key.inner`)."""
     if as_json:
         print(json.dumps(data))
         return
     table = Table(title=title, show_header=False)
-    for key, value in data.items():
+    for key, value in _flat(data):
         if isinstance(value, list):
             value = ", ".join(fmt(v) for v in value)
         table.add_row(key, fmt(value))
     Console().print(table)
+
+
+def _flat(data: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
+    rows: list[tuple[str, Any]] = []
+    for key, value in data.items():
+        if isinstance(value, dict) and value:
+            rows += _flat(value, f"{prefix}{key}.")
+        else:
+            rows.append((f"{prefix}{key}", value))
+    return rows
 
 
 def fmt(value: Any) -> str:
@@ -159,7 +171,7 @@ def job_dict(job: job_pb2.Job) -> dict[str, Any]:
     emulated: float | None = r.emulated_s if has else None
     if emulated is None and job.emulated_end_ns:
         emulated = (job.emulated_end_ns - job.emulated_start_ns) / 1e9
-    return {
+    data = {
         "job_id": job.id,
         "name": job.spec.name,
         "state": state_name(job.state),
@@ -179,6 +191,29 @@ def job_dict(job: job_pb2.Job) -> dict[str, Any]:
         "launch_overhead_s": r.launch_overhead_s if has else None,
         "error": job.error_message or None,
     }
+    if k.phase == common_pb2.PHASE_SERVE:
+        data |= serve_fields(job)
+    return data
+
+
+def serve_fields(job: job_pb2.Job) -> dict[str, Any]:
+    """A serve job's figures, the fields of `rdu predict serve` (its report, once the job
+    has one; before, its spec's sizes and nulls)."""
+    if job.result.kernel.HasField("serve"):
+        report = ServeReport.model_validate(
+            json_format.MessageToDict(job.result.kernel.serve, preserving_proto_field_name=True)
+        )
+        return report.model_dump(mode="json")
+    k = job.spec.kernel
+    sizes = {
+        "platform": job.spec.platform,
+        "model": k.model,
+        "num_sockets": k.num_sockets,
+        "batch_size": k.batch_size,
+        "prompt_tokens": k.sequence_length,
+        "output_tokens": k.output_tokens,
+    }
+    return {key: sizes.get(key) for key in ServeReport.model_fields}
 
 
 def _essentials(job: job_pb2.Job, model: str, phase: str, **sizes: int) -> dict[str, Any]:

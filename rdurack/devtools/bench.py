@@ -23,6 +23,7 @@ from rich.table import Table
 from rdurack.devtools.bench_control import bench_control
 from rdurack.devtools.bench_figure import BenchFigure
 from rdurack.devtools.bench_rack import bench_rack
+from rdurack.devtools.bench_serve import bench_serve
 from rdurack.devtools.bench_training import bench_progressive
 from rdurack.rack.models import builtin_models
 from rdurack.rack.presets import builtin_platforms
@@ -112,6 +113,7 @@ def bench_paper_fidelity() -> list[BenchFigure]:
 
 BENCHMARKS: list[tuple[str, Benchmark]] = [
     ("predictor speed", bench_predictor_speed),
+    ("rdu predict serve: one answer, in process and as a process", bench_serve),
     ("CoE serving engine on the predictor", bench_serving_engine),
     ("paper fidelity", bench_paper_fidelity),
     ("rack: 2 node agents x 8 socket actors", bench_rack),

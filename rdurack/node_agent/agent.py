@@ -5,7 +5,7 @@ Every call to an actor has a deadline (ray_calls.py), so a dead or wedged socket
 up as a clear error, never as a hang. The actors themselves, and what is known of each,
 are a NodeActors (actors.py).
 
-Calls that drive sockets for a job (run_kernel, collective, run_program, train) open a
+Calls that drive sockets for a job (run_kernel, serve, collective, run_program, train) open a
 span, child of the current one (the RPC's server span), and give the actors its context
 as an explicit carrier; the first socket to fail ends the others' waits.
 
@@ -45,6 +45,7 @@ from rdurack.security.tls import TlsConfig
 from rdurack.telemetry import names
 from rdurack.telemetry.propagation import inject
 from rdurack.workloads.program import Op, ProgramRun
+from rdurack.workloads.serving.batch import SERVE, ServeRequest
 from rdurack.workloads.training.job import RankReport, TrainingWorkload
 
 
@@ -186,6 +187,31 @@ class NodeAgent:
             f"kernel of job {job_id}",
             "run_kernel",
             (job_id, model, phase, plan, batch, seq, group_size, steps, start_ns),
+        )
+
+    def serve(
+        self,
+        job_id: str,
+        socket_ids: Sequence[str],
+        request: ServeRequest,
+        first_step: int,
+        steps: int,
+        start_ns: int | None = None,
+    ) -> list[Run]:
+        """Steps first_step .. first_step + steps - 1 of a serve job on the sockets
+        (Socket.serve); the TP group is `request.sockets`, across nodes."""
+        return self._drive(
+            names.SPAN_NODE_KERNEL,
+            {
+                names.ATTR_JOB_MODEL: request.model,
+                names.ATTR_JOB_PHASE: SERVE,
+                names.ATTR_STEPS: steps,
+            },
+            job_id,
+            socket_ids,
+            f"serve job {job_id}",
+            "serve",
+            (job_id, request, first_step, steps, start_ns),
         )
 
     def collective(

@@ -3,7 +3,9 @@
 A plain class (Ray wraps it in node_agent/actors.py, the one place that knows Ray), so
 it is tested without Ray. A socket serves one job at a time, and holds what the job
 put on its tiers (node_agent/job_memory.py) until the job releases it. Kernels advance
-its clock by what the rack/ timing model says; programs run on it as
+its clock by what the rack/ timing model says, and a serve job's prefill and decode by
+what workloads/serving/ says of them (the same figures as `rdu predict serve`); programs
+run on it as
 workloads/coe/bundle.py says, a functional Generate op with real all-reduces
 (node_agent/generation.py); collectives run over its gRPC links on its clock
 (node_agent/collective_engine.py); a training job runs as a DDP rank on it
@@ -44,6 +46,8 @@ from rdurack.telemetry.propagation import extract
 from rdurack.workloads.coe.bundle import ProgramRunner
 from rdurack.workloads.predictor import Predictor
 from rdurack.workloads.program import Op, ProgramRun
+from rdurack.workloads.serving.batch import ServeRequest, resolve
+from rdurack.workloads.serving.costs import Cost, serve_parts
 
 if TYPE_CHECKING:
     # Imported where a job trains (Socket.train): most sockets never do, and the
@@ -63,6 +67,8 @@ class Run:
     kernel_calls: int = 0
     hbm_bytes: int = 0
     flops: int = 0  # FLOPs of its kernels on this socket
+    launch_ns: int = 0  # of the duration: launching its kernels
+    collective_ns: int = 0  # of the duration: collectives inside its kernels nothing hides
     bytes_sent: int = 0
     bytes_received: int = 0
 
@@ -264,6 +270,8 @@ class Socket:
             kernel_calls=timing.kernel_calls * steps,
             hbm_bytes=int(timing.hbm_bytes * steps),
             flops=int(timing.flops * steps),  # StepTiming.flops: per socket, per step
+            launch_ns=round(timing.launch_s * steps * 1e9),
+            collective_ns=round(timing.collective_s * steps * 1e9),
         )
         self._trace.span(
             names.SPAN_KERNEL,
@@ -279,6 +287,44 @@ class Socket:
             },
         )
         return run
+
+    def serve(
+        self,
+        job_id: str,
+        request: ServeRequest,
+        first_step: int,
+        steps: int,
+        start_ns: int | None = None,
+        carrier: dict[str, str] | None = None,
+    ) -> Run:
+        """Steps first_step .. first_step + steps - 1 of a serve job (step 0 the prefill,
+        step i the decode iteration i - 1), priced by workloads/serving/ as `rdu predict
+        serve` prices them: this socket's share of a TP group of `request.sockets`. The
+        models' weight shares and final KV caches are held in HBM for the job. A span
+        for the prefill and one for the decode iterations."""
+        self._hold(job_id)
+        batch = resolve(request, self.platform, self._models)
+        for m in batch.models:
+            self._held.hold_weights(job_id, m, batch.sockets, batch.kv_tokens())
+        self._pacer.meet(start_ns)
+        start = self.clock.now_ns
+        total = Cost()
+        for part in serve_parts(self._predictor, batch, first_step, steps):
+            at = self.clock.now_ns
+            self.clock.advance(part.cost.seconds * self.slowdown)
+            total += part.cost
+            self._trace.serve(extract(carrier), job_id, at, self.clock.now_ns, batch, part)
+        self._pacer.pace()
+        return Run(
+            self.name,
+            start,
+            self.clock.now_ns,
+            kernel_calls=round(total.kernel_calls),
+            hbm_bytes=round(total.hbm_bytes),
+            flops=round(total.flops),
+            launch_ns=round(total.launch_s * 1e9),
+            collective_ns=round(total.collective_s * 1e9),
+        )
 
     # ------------------------------------------------------------------ programs
 

@@ -77,6 +77,8 @@ class KernelRun:
     kernel_calls: int
     hbm_bytes: int
     flops: int = 0  # the FLOPs its kernels executed
+    launch_ns: int = 0  # of its duration: launching kernels
+    collective_ns: int = 0  # of its duration: collectives inside kernels nothing hides
 
 
 class NodeGateway(Protocol):
@@ -100,9 +102,12 @@ class NodeGateway(Protocol):
         workload: KernelWorkload,
         steps: int,
         start_ns: int,
+        first_step: int = 0,
     ) -> list[KernelRun]:
         """This node's share of a kernel job: `steps` steps on `sockets` (the TP group
-        is the job's `workload.num_sockets` sockets), starting at `start_ns`."""
+        is the job's `workload.num_sockets` sockets), starting at `start_ns`. A serve
+        job's steps are numbered (step 0 its prefill, step i its decode iteration
+        i - 1): the call runs first_step .. first_step + steps - 1."""
         ...
 
     def run_program(

@@ -19,13 +19,15 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from rdurack.config import Config
 from rdurack.errors import InvalidRequest, RdurackError
 from rdurack.orchestrator.results import JobResult
 from rdurack.rack.kernels import FusionPlan, Phase
 from rdurack.workloads.coe.spec import CoeWorkload
+from rdurack.workloads.serving.batch import SERVE, ServeRequest
+from rdurack.workloads.serving.speculative import SpeculativeSetting
 from rdurack.workloads.training.job import TrainingWorkload
 
 
@@ -75,17 +77,57 @@ class IllegalTransition(RdurackError):
 
 
 class KernelWorkload(Config):
-    """Run a model's prefill, decode or training step on N sockets (tensor parallel).
+    """Run a model's prefill, decode or training step on N sockets (tensor parallel), or
+    serve a whole batch of requests (phase "serve": the prefill, then the decode).
     Field names are those of the proto's KernelJob, so errors name what clients send."""
 
     kind: Literal["kernel"] = "kernel"
     model: str = Field(min_length=1, max_length=100)
-    phase: Phase
-    fusion_plan: FusionPlan = FusionPlan.FUSED_HO
+    # A step's phase, or SERVE (workloads/serving/batch.py), which is not one step.
+    phase: Phase | Literal["serve"]
+    # The steps' plan (fused-ho when unset); a serve job's decode plan, None (unset) for
+    # the platform's default.
+    fusion_plan: FusionPlan | None = None
     sequence_length: int = Field(default=1024, gt=0, le=1 << 20)  # prompt, or decode context
     batch_size: int = Field(default=1, gt=0, le=4096)
     num_sockets: int = Field(default=8, gt=0, le=1024)
-    output_tokens: int = Field(default=1, gt=0, le=1 << 20)  # decode: tokens generated
+    output_tokens: int = Field(default=1, gt=0, le=1 << 20)  # decode, serve: tokens generated
+    speculative: SpeculativeSetting | None = None  # serve only
+
+    @model_validator(mode="before")
+    @classmethod
+    def _step_plan(cls, data: Any) -> Any:
+        """A step's plan defaults to fused-ho; a serve job's stays unset (resolved on the
+        platform that runs it)."""
+        if (
+            isinstance(data, dict)
+            and data.get("fusion_plan") is None
+            and data.get("phase") != SERVE
+        ):
+            return {**data, "fusion_plan": FusionPlan.FUSED_HO}
+        return data
+
+    @property
+    def serves(self) -> bool:
+        return self.phase == SERVE
+
+    def step_phase(self) -> Phase:
+        """The phase of its step; a serve job has none (it runs a whole batch)."""
+        if isinstance(self.phase, Phase):
+            return self.phase
+        raise InvalidRequest("phase serve runs a whole batch, not one step")
+
+    def serve_request(self) -> ServeRequest:
+        """A serve job's batch, as `rdu predict serve` takes it."""
+        return ServeRequest(
+            model=self.model,
+            batch_size=self.batch_size,
+            prompt_tokens=self.sequence_length,
+            output_tokens=self.output_tokens,
+            sockets=self.num_sockets,
+            plan=self.fusion_plan,
+            speculative=self.speculative,
+        )
 
 
 # The kinds are the proto's JobSpec oneof names.

@@ -16,6 +16,7 @@ from pydantic import ConfigDict, Discriminator, Tag, TypeAdapter
 
 from rdurack.config import Config
 from rdurack.workloads.coe.report import CoeReport
+from rdurack.workloads.serving.report import ServeReport
 
 
 class Result(Config):
@@ -34,7 +35,10 @@ class KernelResult(Result):
     kernel_calls: int = 0
     hbm_bandwidth_utilization: float = 0.0  # achieved over peak, 0..1
     compute_utilization: float = 0.0  # achieved FLOP/s over peak, 0..1
-    tokens_per_s: float | None = None  # decode jobs only
+    tokens_per_s: float | None = None  # decode and serve jobs only
+    launch_overhead_s: float | None = None  # emulated time launching kernels (None: older rows)
+    # A serve job's figures: those of `rdu predict serve`, made by the same code.
+    serve: ServeReport | None = None
 
 
 class CoeResult(Result, CoeReport):

@@ -136,23 +136,43 @@ class Shape:
         return self.batch * self.new_tokens
 
 
-def step(model: ModelSpec, phase: Phase, batch: int, seq: int, tp: int) -> Step:
+def step(
+    model: ModelSpec, phase: Phase, batch: int, seq: int, tp: int, new_tokens: int = 1
+) -> Step:
     """Decompose one step. `seq` is the prompt length (prefill, train) or the context the
-    decoded token attends to (decode)."""
-    if batch <= 0 or seq <= 0 or tp <= 0:
-        raise InvalidRequest(f"batch, seq and sockets must be positive: {batch}, {seq}, {tp}")
+    decoded tokens attend to (decode), new tokens included.
+
+    `new_tokens` (decode only): tokens each sequence feeds in this step. One is plain
+    decoding; several is a speculative verification pass, which appends all of them to
+    the KV cache and needs the logits of every one (to accept or reject each draft)."""
+    if batch <= 0 or seq <= 0 or tp <= 0 or new_tokens <= 0:
+        raise InvalidRequest(
+            f"batch, seq, sockets and new tokens must be positive: {batch}, {seq}, {tp}, "
+            f"{new_tokens}"
+        )
     if model.heads % tp or model.ffn % tp:
         raise InvalidRequest(
             f"{model.name}: TP over {tp} sockets must divide heads ({model.heads}) and "
             f"ffn ({model.ffn})"
         )
     if phase is Phase.DECODE:
-        shape = Shape(batch=batch, new_tokens=1, context=seq)
+        if new_tokens > seq:
+            raise InvalidRequest(
+                f"a decode step of {new_tokens} new tokens needs a context of at least as "
+                f"many (the context includes them), got {seq}"
+            )
+        shape = Shape(batch=batch, new_tokens=new_tokens, context=seq)
+    elif new_tokens != 1:
+        raise InvalidRequest(
+            f"new tokens are a decode step's; a {phase.value} step processes its whole "
+            f"sequence ({seq} tokens), got new_tokens={new_tokens}"
+        )
     else:
         shape = Shape(batch=batch, new_tokens=seq, context=seq)
     layer = _decoder_layer(model, shape, tp, causal=phase is not Phase.DECODE)
-    # Inference needs logits of the last position of each sequence only; training all.
-    head_tokens = shape.tokens if phase is Phase.TRAIN else batch
+    # Prefill needs the logits of the last position of each sequence only; decode those
+    # of every new token (one per sequence, unless verifying drafts); training all.
+    head_tokens = batch if phase is Phase.PREFILL else shape.tokens
     embed = _embedding(model, shape.tokens)
     head = _lm_head(model, head_tokens, tp)
     if phase is not Phase.TRAIN:
@@ -177,7 +197,9 @@ def _decoder_layer(model: ModelSpec, s: Shape, tp: int, causal: bool) -> Block:
     d, kvd, f = model.hidden, model.kv_dim, model.ffn
     qkv_w = d + 2 * kvd
     heads = model.heads / tp
-    # Causal attention: on average a query attends to half the context.
+    # Causal attention: on average a query attends to half the context. A decode query
+    # attends to all of it (of a verification pass's new tokens, the i-th of n sees
+    # n - 1 - i fewer: at most a few draft tokens out of thousands, left out).
     attended = s.context / 2 if causal else s.context
     kv_cache = s.batch * s.context * kvd * b / tp  # K (or V) of every sequence
     scores = heads * t * s.context * b

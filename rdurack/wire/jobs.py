@@ -13,10 +13,11 @@ from rdurack.orchestrator.gateway import NodeView
 from rdurack.orchestrator.jobs import Job, JobSpec, JobState
 from rdurack.orchestrator.results import RESULTS, JobResult
 from rdurack.orchestrator.store import Event
-from rdurack.v1 import common_pb2, job_pb2, rack_pb2
+from rdurack.v1 import common_pb2, job_pb2, rack_pb2, serve_pb2
 from rdurack.wire import rack as convert
 from rdurack.wire import training as training_convert
 from rdurack.workloads.coe.spec import CoeWorkload
+from rdurack.workloads.serving.speculative import SpeculativeSetting
 from rdurack.workloads.training.job import TrainingWorkload
 
 STATE_TO_PROTO = {s: common_pb2.JobState.Value(f"JOB_STATE_{s.value}") for s in JobState}
@@ -53,15 +54,15 @@ def spec_from_proto(p: job_pb2.JobSpec, default_platform: str) -> JobSpec:
 def _kernel(p: job_pb2.JobSpec) -> dict[str, Any]:
     k = p.kernel
     if k.phase == common_pb2.PHASE_UNSPECIFIED:
-        raise InvalidRequest("spec.kernel.phase: required (PREFILL, DECODE or TRAIN)")
-    if k.phase not in convert.PHASES:
-        raise InvalidRequest(f"spec.kernel.phase: {k.phase} is not PREFILL, DECODE or TRAIN")
+        raise InvalidRequest("spec.kernel.phase: required (PREFILL, DECODE, TRAIN or SERVE)")
+    if k.phase not in convert.JOB_PHASES:
+        raise InvalidRequest(f"spec.kernel.phase: {k.phase} is not PREFILL, DECODE, TRAIN or SERVE")
     if k.fusion_plan not in convert.PLANS and k.fusion_plan != common_pb2.FUSION_PLAN_UNSPECIFIED:
         raise InvalidRequest(f"spec.kernel.fusion_plan: {k.fusion_plan} is not a fusion plan")
     workload: dict[str, Any] = {
         "kind": "kernel",
         "model": k.model,
-        "phase": convert.PHASES[k.phase],
+        "phase": convert.JOB_PHASES[k.phase],
         # Proto3 cannot tell 0 from unset: a required size of 0 is refused by the model.
         "sequence_length": k.sequence_length,
         "num_sockets": k.num_sockets,
@@ -72,7 +73,28 @@ def _kernel(p: job_pb2.JobSpec) -> dict[str, Any]:
         workload["batch_size"] = k.batch_size
     if k.output_tokens:
         workload["output_tokens"] = k.output_tokens
+    if k.HasField("speculative"):
+        workload["speculative"] = speculative_from_proto(k.speculative)
     return workload
+
+
+def speculative_from_proto(p: serve_pb2.SpeculativeDecoding) -> dict[str, Any]:
+    """A SpeculativeSetting's fields, the set ones only (proto3's zero is unset): its
+    defaults fill the rest."""
+    d: dict[str, Any] = {"draft_model": p.draft_model or None}
+    if p.draft_tokens:
+        d["draft_tokens"] = p.draft_tokens
+    if p.HasField("acceptance"):
+        d["acceptance"] = p.acceptance
+    return d
+
+
+def speculative_to_proto(s: SpeculativeSetting | None) -> serve_pb2.SpeculativeDecoding | None:
+    if s is None:
+        return None
+    return serve_pb2.SpeculativeDecoding(
+        draft_model=s.draft_model or "", draft_tokens=s.draft_tokens, acceptance=s.acceptance
+    )
 
 
 def _coe_from_proto(c: job_pb2.CoeInferenceJob) -> dict[str, Any]:
@@ -116,12 +138,13 @@ def spec_to_proto(spec: JobSpec, client_request_id: str | None = None) -> job_pb
     msg.kernel.CopyFrom(
         job_pb2.KernelJob(
             model=w.model,
-            phase=convert.PHASE_TO_PROTO[w.phase],
-            fusion_plan=convert.PLAN_TO_PROTO[w.fusion_plan],
+            phase=convert.job_phase_to_proto(w.phase),
+            fusion_plan=convert.plan_to_proto(w.fusion_plan),
             sequence_length=w.sequence_length,
             batch_size=w.batch_size,
             num_sockets=w.num_sockets,
             output_tokens=w.output_tokens,
+            speculative=speculative_to_proto(w.speculative),
         )
     )
     return msg

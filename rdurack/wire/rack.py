@@ -11,6 +11,7 @@ from rdurack.rack.kernels import FusionPlan, Phase
 from rdurack.rack.spec import Tier
 from rdurack.rack.topology import SocketId
 from rdurack.v1 import common_pb2, node_agent_pb2, rack_pb2
+from rdurack.workloads.serving.batch import SERVE
 
 PHASES: dict[int, Phase] = {
     common_pb2.PHASE_PREFILL: Phase.PREFILL,
@@ -25,6 +26,8 @@ PLANS: dict[int, FusionPlan] = {
 }
 PHASE_TO_PROTO = {v: common_pb2.Phase.ValueType(k) for k, v in PHASES.items()}
 PLAN_TO_PROTO = {v: common_pb2.FusionPlan.ValueType(k) for k, v in PLANS.items()}
+# A kernel job's phases: a step's, or SERVE (a whole batch).
+JOB_PHASES: dict[int, Phase | str] = {**PHASES, common_pb2.PHASE_SERVE: SERVE}
 TIERS = {
     Tier.SRAM: common_pb2.TIER_SRAM,
     Tier.HBM: common_pb2.TIER_HBM,
@@ -40,9 +43,25 @@ COLLECTIVES: dict[int, str] = {
 
 
 def phase(value: int) -> Phase:
+    """The phase of one step (PREFILL, DECODE, TRAIN); SERVE, a whole batch, is refused."""
+    if value == common_pb2.PHASE_SERVE:
+        raise InvalidRequest(
+            "phase: SERVE is a whole batch of requests (a prefill, then decode), not one "
+            "step; this needs the phase of a step: PREFILL, DECODE or TRAIN"
+        )
     if value not in PHASES:
         raise InvalidRequest(f"phase: {value} is not one of PREFILL, DECODE, TRAIN")
     return PHASES[value]
+
+
+def job_phase_to_proto(value: Phase | str) -> common_pb2.Phase.ValueType:
+    """A kernel job's phase on the wire: a step's phase, or SERVE."""
+    return common_pb2.PHASE_SERVE if value == SERVE else PHASE_TO_PROTO[Phase(value)]
+
+
+def plan_to_proto(value: FusionPlan | None) -> common_pb2.FusionPlan.ValueType:
+    """A fusion plan on the wire; None (a serve job's platform default) is UNSPECIFIED."""
+    return common_pb2.FUSION_PLAN_UNSPECIFIED if value is None else PLAN_TO_PROTO[value]
 
 
 def plan(value: int) -> FusionPlan:
@@ -142,6 +161,8 @@ def kernel_timing(run: Run) -> node_agent_pb2.SocketKernelTiming:
         kernel_calls=run.kernel_calls,
         hbm_traffic_bytes=run.hbm_bytes,
         flops=run.flops,
+        launch_ns=run.launch_ns,
+        collective_ns=run.collective_ns,
     )
 
 

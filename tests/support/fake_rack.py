@@ -141,6 +141,7 @@ class FakeGateway:
         workload: KernelWorkload,
         steps: int,
         start_ns: int,
+        first_step: int = 0,
     ) -> list[KernelRun]:
         with self.lock:
             self.max_running = max(self.max_running, len(set(self.held.values())))

@@ -16,6 +16,7 @@ from rdurack.devtools.bench import (
     run,
 )
 from rdurack.devtools.bench_figure import BenchFigure
+from rdurack.devtools.bench_serve import ANSWER_TARGET_MS, bench_serve
 from rdurack.devtools.bench_training import progressive_figures
 from rdurack.workloads.training.job import TrainingWorkload
 from rdurack.workloads.training.profl import Comparison, Outcome
@@ -178,6 +179,20 @@ def test_serving_engine_speed_is_a_positive_rate() -> None:
     (figure,) = bench_serving_engine(requests=200)
     assert figure.unit == "requests/s" and figure.better == "higher" and figure.value > 0
     _check_schema(json.loads(json.dumps(figure.__dict__)))
+
+
+def test_serve_figures_are_each_answer_beside_its_floors() -> None:
+    figures = bench_serve(repeats=1, process_repeats=1)
+    for f in figures:
+        _check_schema(json.loads(json.dumps(f.__dict__)))
+        assert f.unit == "ms" and f.better == "lower" and f.value > 0
+    answers = [f for f in figures if f.name.startswith("rdu predict serve answer")]
+    floors = [f for f in figures if f.name.startswith("floor: ")]
+    process = [f for f in figures if f.name.startswith("rdu predict serve --json")]
+    assert len(answers) == 2 and len(process) == 1 and len(floors) == 3
+    assert {f.target for f in answers} == {ANSWER_TARGET_MS} == {50.0}
+    assert all(f.target is None for f in floors + process)
+    assert "in process" in floors[0].name and "import rdurack" in floors[-1].name
 
 
 def test_progressive_figures_are_the_mean_and_the_worst_seed_against_each_target() -> None:

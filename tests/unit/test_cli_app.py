@@ -17,10 +17,11 @@ import typer
 
 import rdurack.cli
 from rdurack.cli.main import build_app, paragraphs
-from rdurack.cli.options import talks_to_orchestrator
+from rdurack.cli.options import speculates, talks_to_orchestrator
 from rdurack.client.connection import RackCallFailed, Target
 from rdurack.client.jobs import JobClient
 from rdurack.errors import RdurackError
+from rdurack.workloads.serving.speculative import SpeculativeSetting
 from tests.support.ports import free_port
 
 COMMANDS = {
@@ -29,10 +30,12 @@ COMMANDS = {
     "submit kernel", "submit coe", "submit train",
     "fault kill-socket", "fault kill-agent", "fault slow", "fault drop-link",
     "fault delay-link", "fault partition", "fault heal", "fault list",
-    "predict fusion", "predict decode", "predict coe", "predict ddp", "predict footprint",
+    "predict fusion", "predict decode", "predict serve", "predict coe", "predict ddp",
+    "predict footprint",
     "bench paper",
 }  # fmt: skip
 CONNECTION = ["address", "token", "token_file", "tls_ca", "tls_server_name"]
+SPECULATIVE = ["speculative", "draft_model", "draft_tokens", "acceptance"]
 # A line break with text on both sides: inside a paragraph, where the terminal should wrap.
 BREAK_INSIDE_A_PARAGRAPH = re.compile(r"[^\n]\n[^\n]")
 
@@ -102,6 +105,24 @@ def test_client_commands_show_the_connection_options_in_place_of_their_target() 
         tls_server_name="", as_json=True,
     )  # fmt: skip
     assert seen == [(2, Target("host:1", "t", None), True)]
+
+
+def test_speculating_commands_show_the_speculative_options_in_place_of_the_setting() -> None:
+    seen: list[tuple[int, SpeculativeSetting | None]] = []
+
+    def probe(count: int = 1, speculative: SpeculativeSetting | None = None) -> None:
+        seen.append((count, speculative))
+
+    wrapped = speculates(probe)
+    names = list(inspect.signature(wrapped).parameters)
+    assert names == ["count", *SPECULATIVE]
+    wrapped(count=2, speculative=True, draft_model=None, draft_tokens=3, acceptance=0.5)
+    wrapped(count=3, speculative=False, draft_model=None, draft_tokens=4, acceptance=0.8)
+    assert seen == [(2, SpeculativeSetting(draft_tokens=3, acceptance=0.5)), (3, None)]
+    commands = _commands()
+    for path in ("predict decode", "predict serve", "submit kernel"):
+        params = [p.name for p in commands[path].params]
+        assert params[params.index("speculative") :][:4] == SPECULATIVE, path
 
 
 def test_a_call_to_no_orchestrator_is_one_line_naming_it_and_exit_1() -> None:

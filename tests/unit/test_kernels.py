@@ -95,3 +95,47 @@ def test_bad_shapes_are_refused() -> None:
         step(M, Phase.DECODE, 0, 128, 1)
     with pytest.raises(InvalidRequest, match="divide heads"):
         step(M, Phase.DECODE, 1, 128, 3)
+
+
+# ------------------------------------------------------------------ new tokens (speculation)
+
+
+def _op(s: object, name: str) -> object:
+    from rdurack.rack.kernels import Step
+
+    assert isinstance(s, Step)
+    return next(op for b, _ in s.blocks for op in b.ops if op.name == name)
+
+
+def test_one_new_token_is_plain_decode() -> None:
+    assert step(M, Phase.DECODE, 4, 1024, 8, new_tokens=1) == step(M, Phase.DECODE, 4, 1024, 8)
+
+
+def test_a_verification_pass_feeds_every_new_token_through_the_weights_once() -> None:
+    one = step(M, Phase.DECODE, 2, 1024, 8)
+    five = step(M, Phase.DECODE, 2, 1024, 8, new_tokens=5)
+    # The weights are read once whatever the tokens (the point of verifying k drafts in
+    # one pass); FLOPs of the matrices scale with the tokens, LM head included (each
+    # new token's logits decide whether its draft is accepted).
+    assert five.weight_bytes == pytest.approx(one.weight_bytes, rel=1e-3)
+    assert _matmul_flops(five) == pytest.approx(5 * _matmul_flops(one))
+    from rdurack.rack.kernels import Op
+
+    qkv1, qkv5 = _op(one, "qkv_proj"), _op(five, "qkv_proj")
+    assert isinstance(qkv1, Op) and isinstance(qkv5, Op)
+    # Five K, V entries per sequence appended to the cache, against one.
+    assert qkv5.kv_bytes == pytest.approx(5 * qkv1.kv_bytes)
+    scores1, scores5 = _op(one, "attn_scores"), _op(five, "attn_scores")
+    assert isinstance(scores1, Op) and isinstance(scores5, Op)
+    # The cache read is the same context; every new token attends to it.
+    assert scores5.kv_bytes == scores1.kv_bytes
+    assert scores5.flops == pytest.approx(5 * scores1.flops)
+
+
+def test_new_tokens_belong_to_decode_and_fit_their_context() -> None:
+    with pytest.raises(InvalidRequest, match="new tokens are a decode step's"):
+        step(M, Phase.PREFILL, 1, 128, 1, new_tokens=2)
+    with pytest.raises(InvalidRequest, match="context of at least as many"):
+        step(M, Phase.DECODE, 1, 4, 1, new_tokens=5)
+    with pytest.raises(InvalidRequest, match="positive"):
+        step(M, Phase.DECODE, 1, 128, 1, new_tokens=0)

@@ -23,6 +23,7 @@ from rdurack.v1 import (
     node_agent_pb2_grpc,
     rack_pb2,
     rack_pb2_grpc,
+    serve_pb2,
 )
 
 FILES: dict[str, FileDescriptor] = {
@@ -33,6 +34,7 @@ FILES: dict[str, FileDescriptor] = {
     "link": link_pb2.DESCRIPTOR,
     "fault": fault_pb2.DESCRIPTOR,
     "admin": admin_pb2.DESCRIPTOR,
+    "serve": serve_pb2.DESCRIPTOR,
 }
 
 # file -> service -> method -> (client streaming, server streaming)
@@ -71,6 +73,7 @@ SERVICES: dict[str, dict[str, dict[str, tuple[bool, bool]]]] = {
         },
     },
     "fault": {},
+    "serve": {},
     "admin": {
         "AdminService": {
             "KillSocket": (False, False),

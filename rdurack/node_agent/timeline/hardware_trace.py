@@ -3,10 +3,11 @@
 
 A span is stamped at the wall time the job reserved the socket plus the emulated time
 since the job's first operation on it, so its wall duration is its emulated duration.
-What each operation's span says lives here too: a kernel's and a program op's
-attributes (program ops recorded as they run), what a collective sent (`Traffic`, which
-the collective engine fills) with the links it sent on and one `rdu.transfer` span per
-send, and the tree of spans a training segment produced (node_agent/training/spans.py).
+What each operation's span says lives here too: a kernel's, a serve job's prefill and
+decode's, and a program op's attributes (program ops recorded as they run), what a
+collective sent (`Traffic`, which the collective engine fills) with the links it sent on
+and one `rdu.transfer` span per send, and the tree of spans a training segment produced
+(node_agent/training/spans.py).
 
 The bound on transfer spans: at most `MAX_TRANSFER_SPANS` per `rdu.collective`; the
 collective's span counts its sends and those left untraced.
@@ -27,6 +28,8 @@ from rdurack.node_agent.training.spans import TrainSpan
 from rdurack.rack.kernels import Phase
 from rdurack.telemetry import names
 from rdurack.workloads.program import Deploy, Kernel, Op, OpRun, Switch
+from rdurack.workloads.serving.batch import SERVE, ServeBatch
+from rdurack.workloads.serving.costs import Part
 
 # Assumption: 64 sends cover one socket's part of every algorithm over the 16 sockets
 # of a rack (a ring all-reduce makes 2 x 15 = 30); the cap only guards a larger group.
@@ -161,6 +164,40 @@ class HardwareTrace:
             self.span(name, parent, job_id, run.start_ns, run.end_ns, attributes)
 
         return observe
+
+    def serve(
+        self,
+        parent: Context,
+        job_id: str,
+        start_ns: int,
+        end_ns: int,
+        batch: ServeBatch,
+        part: Part,
+    ) -> None:
+        """A serve job's prefill (`rdu.serve.prefill`) or run of decode iterations
+        (`rdu.serve.decode`) on this socket."""
+        r = batch.request
+        attributes: dict[str, AttributeValue] = {
+            names.ATTR_JOB_MODEL: batch.target.name,
+            names.ATTR_JOB_PHASE: SERVE,
+            names.ATTR_FUSION_PLAN: (
+                batch.prefill_plan if part.phase == "prefill" else batch.plan
+            ).value,
+            names.ATTR_BATCH: r.batch_size,
+            names.ATTR_SEQUENCE_LENGTH: r.prompt_tokens,
+            names.ATTR_KERNEL_CALLS: round(part.cost.kernel_calls),
+            names.ATTR_HBM_BYTES: round(part.cost.hbm_bytes),
+            names.ATTR_FLOPS: round(part.cost.flops),
+            names.ATTR_TIER: KERNEL_TRAFFIC_TIER,
+        }
+        if part.phase == "decode":
+            attributes[names.ATTR_SERVE_FIRST_ITERATION] = part.first_iteration
+            attributes[names.ATTR_STEPS] = part.iterations
+        if batch.draft is not None:
+            attributes[names.ATTR_DRAFT_MODEL] = batch.draft.name
+            attributes[names.ATTR_DRAFT_TOKENS] = batch.draft_tokens
+        name = names.SPAN_SERVE_PREFILL if part.phase == "prefill" else names.SPAN_SERVE_DECODE
+        self.span(name, parent, job_id, start_ns, end_ns, attributes)
 
     def tree(
         self,
