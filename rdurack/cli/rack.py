@@ -1,0 +1,109 @@
+"""The rack as a whole: `rdu up` starts a local rack (Ray, node agents, the orchestrator),
+`rdu down` stops it by the process ids recorded in its state dir, and `rdu status` shows
+it as its orchestrator sees it, one row per socket, and on stderr what is wrong with it
+(nodes and sockets down, injected slowdowns)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from rdurack.cli.options import JsonOpt, PortOpt, StateDirOpt
+from rdurack.cli.views import format_seconds, format_size, rack_dict
+from rdurack.client.connection import Target
+from rdurack.client.rack import RackClient
+
+
+def up_cmd(
+    nodes: Annotated[int, typer.Option(min=1, max=64, help="node agents")] = 2,
+    sockets_per_node: Annotated[int, typer.Option(min=1, max=64)] = 8,
+    state_dir: StateDirOpt = Path(".state"),
+    port: PortOpt = 50051,
+    timeout: Annotated[float, typer.Option(min=1, help="seconds to wait for readiness")] = 120,
+    tls: Annotated[
+        bool,
+        typer.Option(
+            "--tls", help="TLS everywhere, with a throwaway CA in STATE_DIR/tls (mutual in-rack)"
+        ),
+    ] = False,
+    tokens: Annotated[
+        Path | None,
+        typer.Option(
+            "--tokens", help="a tokens file: the orchestrator requires bearer tokens (tenants)"
+        ),
+    ] = None,
+    time_scale: Annotated[
+        float, typer.Option(min=0, help="pacing: wall s per emulated s (0: no pacing)")
+    ] = 0.0,
+) -> None:
+    """Start local Ray, the node agents and the orchestrator; return once all serve."""
+    from rdurack.processes import local_rack
+
+    rack = local_rack.up(
+        state_dir,
+        nodes,
+        sockets_per_node,
+        port,
+        timeout,
+        on_ready=lambda name, address: print(f"{name:<14} ready at {address}", flush=True),
+        tls=tls,
+        tokens=tokens,
+        time_scale=time_scale,
+    )
+    print(
+        f"rack up: {nodes} x {sockets_per_node} sockets; orchestrator at {rack.orchestrator}; "
+        f"logs in {state_dir / 'logs'}; stop it with: rdu down --state-dir {state_dir}"
+    )
+    print(f"security: {rack.security()}")
+
+
+def down_cmd(state_dir: StateDirOpt = Path(".state")) -> None:
+    """Stop what rdu up started in the state dir, by the process ids it recorded."""
+    from rdurack.processes import local_rack
+
+    for line in local_rack.down(state_dir):
+        print(line)
+
+
+def status_cmd(*, to: Target, as_json: JsonOpt = False) -> None:
+    """The rack: every socket's health, job, emulated clock and memory per tier."""
+    with to.channel() as ch:
+        data = rack_dict(RackClient(ch).status())
+    if as_json:
+        print(json.dumps(data))
+        return
+    table = Table(title=f"{data['platform']} at {to.address}")
+    for col in ("node", "socket", "health", "job", "clock", "HBM used/peak/cap."):
+        table.add_column(col, no_wrap=col in ("socket", "health"))
+    table.add_column("DDR used")
+    table.add_column("SRAM used")
+    empty = {"used_bytes": 0, "peak_bytes": 0, "capacity_bytes": 0}
+    for s in data["sockets"]:
+        hbm = s["tiers"].get("hbm", empty)
+        health = s["health"]
+        clock_ns = s["emulated_clock_ns"]
+        table.add_row(
+            str(s["node"]),
+            s["id"],
+            f"[green]{health}[/]" if health == "HEALTHY" else f"[red]{health}[/]",
+            s["job"] or "",
+            format_seconds(clock_ns / 1e9) if clock_ns else "0",
+            "/".join(format_size(hbm[k]) for k in ("used_bytes", "peak_bytes", "capacity_bytes")),
+            format_size(s["tiers"].get("ddr", empty)["used_bytes"]),
+            format_size(s["tiers"].get("sram", empty)["used_bytes"]),
+        )
+    Console().print(table)
+    err = Console(stderr=True)
+    for n in data["nodes"]:
+        if not n["healthy"]:
+            err.print(f"[red]node {n['index']}: {n['health_reason'] or 'not healthy'}[/]")
+    for s in data["sockets"]:
+        if s["health"] != "HEALTHY" and s["health_reason"]:
+            err.print(f"[red]{s['id']}: {s['health_reason']}[/]")
+        elif s["slowdown"] != 1.0:
+            err.print(f"[yellow]{s['id']}: {s['slowdown']:g}x slower (injected fault)[/]")
