@@ -29,8 +29,6 @@ from rdurack.errors import InvalidRequest
 from rdurack.rack.kernels import FusionPlan
 from rdurack.security.tls import ENV_CA, ENV_SERVER_NAME
 from rdurack.workloads.serving.speculative import (
-    DEFAULT_ACCEPTANCE,
-    DEFAULT_DRAFT_TOKENS,
     DRAFT_MODELS,
     SpeculativeSetting,
 )
@@ -88,11 +86,21 @@ DraftModelOpt = Annotated[
     typer.Option(help=f"with --speculative; default: the target's draft ({_DRAFTS})"),
 ]
 DraftTokensOpt = Annotated[
-    int, typer.Option(min=1, max=64, help="with --speculative: tokens drafted per iteration")
+    int | None,
+    typer.Option(
+        min=1,
+        max=64,
+        help="with --speculative: tokens drafted per iteration (default: the calibrated k, "
+        "rdu bench assumptions)",
+    ),
 ]
 AcceptanceOpt = Annotated[
-    float,
-    typer.Option(min=0.0, max=1.0, help="with --speculative: chance a drafted token is accepted"),
+    float | None,
+    typer.Option(
+        min=0.0,
+        max=1.0,
+        help="with --speculative: chance a drafted token is accepted (default: the calibrated one)",
+    ),
 ]
 
 AddressOpt = Annotated[
@@ -145,8 +153,8 @@ def talks_to_orchestrator(command: Callable[..., None]) -> Callable[..., None]:
 def speculation(
     speculative: SpeculativeOpt = False,
     draft_model: DraftModelOpt = None,
-    draft_tokens: DraftTokensOpt = DEFAULT_DRAFT_TOKENS,
-    acceptance: AcceptanceOpt = DEFAULT_ACCEPTANCE,
+    draft_tokens: DraftTokensOpt = None,
+    acceptance: AcceptanceOpt = None,
 ) -> SpeculativeSetting | None:
     """The speculative options as a setting; None without --speculative (where a draft
     model named anyway is refused: it would be ignored)."""

@@ -200,6 +200,23 @@ ASSUMPTIONS: tuple[Assumption, ...] = (
     ),
     # ---------------------------------------------------------------- workloads
     Assumption(
+        name="speculative.draft_tokens",
+        low=2,
+        high=8,
+        integer=True,
+        unit="tokens",
+        reason="drafts per iteration of speculative decoding (PAPER Table IV's 70B and "
+        "405B rows used it without saying how): deployments draft 2 to 8 tokens, past "
+        "which the expected yield flattens while the draft's cost keeps growing",
+    ),
+    Assumption(
+        name="speculative.acceptance",
+        low=0.5,
+        high=0.9,
+        reason="the chance the target accepts a drafted token: a same-family draft on "
+        "chat text is reported to agree on half to nine in ten tokens",
+    ),
+    Assumption(
         name="table_v.prompt_tokens",
         low=128,
         high=4096,

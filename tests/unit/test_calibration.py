@@ -16,9 +16,9 @@ from rdurack.workloads.calibration import record
 from rdurack.workloads.calibration.fit import (
     Objective,
     cost,
+    descend,
     fitted_figures,
     from_unit,
-    polish,
     residual,
     sensitivity,
     to_unit,
@@ -102,10 +102,10 @@ def test_the_record_matches_what_the_code_predicts_now() -> None:
 
 
 def test_the_recorded_values_are_a_minimum() -> None:
-    """Searched again from the recorded values, the fit finds nothing meaningfully
+    """Searched again from the recorded values, least squares finds nothing meaningfully
     better (2% of the cost: the search stops at a tolerance, and may stop elsewhere)."""
     kept = record.read()
-    again = polish(Objective(), kept.values)
+    again = descend(Objective(), kept.values)
     assert again.cost >= kept.cost * 0.98
 
 

@@ -34,8 +34,10 @@ from rdurack.workloads.paper.study import PaperStudy
 
 Values = dict[str, float]
 Progress = Callable[[str], None]
-# Step of the finite-difference Jacobian, relative, in the [0, 1] coordinates.
-DIFF_STEP = 1e-4
+# Step of the finite-difference Jacobian, relative, in the [0, 1] coordinates: 1% of a
+# range, wide enough to see across the objective's kinks (a narrow step reads the slope
+# of one side of a kink and stalls the search at it).
+DIFF_STEP = 1e-2
 
 
 def to_unit(a: Assumption, value: float) -> float:
@@ -71,10 +73,12 @@ def residual(f: Figure) -> float:
 
 
 # Powell stops when a sweep moves no coordinate by more than XTOL (in [0, 1] units) or
-# lowers the cost by less than FTOL (relative); MAX_EVALUATIONS bounds one search.
+# lowers the cost by less than FTOL (relative); a search is bounded to MAX_EVALUATIONS
+# for the full fit and LEFT_OUT_EVALUATIONS for each leave-one-out fit.
 XTOL = 1e-4
 FTOL = 1e-7
 MAX_EVALUATIONS = 4000
+LEFT_OUT_EVALUATIONS = 1000
 
 
 class Objective:
@@ -114,7 +118,24 @@ class Fit:
     cost: float
 
 
-def polish(objective: Objective, start: Mapping[str, float], leave_out: str = "") -> Fit:
+def descend(objective: Objective, start: Mapping[str, float], leave_out: str = "") -> Fit:
+    """Bounded least squares from `start` (integer assumptions left fractional)."""
+    r = least_squares(
+        objective.residuals,
+        _units(start),
+        bounds=(0.0, 1.0),
+        diff_step=[DIFF_STEP] * len(ASSUMPTIONS),
+        kwargs={"leave_out": leave_out},
+    )
+    return Fit(values_of(r.x, whole=False), float(r.cost))
+
+
+def polish(
+    objective: Objective,
+    start: Mapping[str, float],
+    leave_out: str = "",
+    evaluations: int = MAX_EVALUATIONS,
+) -> Fit:
     """Powell's search from `start`, within the bounds."""
 
     def half_sum_of_squares(u: np.ndarray) -> float:
@@ -125,7 +146,7 @@ def polish(objective: Objective, start: Mapping[str, float], leave_out: str = ""
         _units(start),
         method="Powell",
         bounds=[(0.0, 1.0)] * len(ASSUMPTIONS),
-        options={"xtol": XTOL, "ftol": FTOL, "maxfev": MAX_EVALUATIONS},
+        options={"xtol": XTOL, "ftol": FTOL, "maxfev": evaluations},
     )
     values = values_of(found.x)  # integer assumptions rounded
     return Fit(values, objective.cost(values, leave_out))
@@ -139,13 +160,7 @@ def fit(
     """Bounded least squares from each start, then Powell's polish of the best."""
     best: Fit | None = None
     for i, start in enumerate(starts):
-        r = least_squares(
-            objective.residuals,
-            _units(start),
-            bounds=(0.0, 1.0),
-            diff_step=[DIFF_STEP] * len(ASSUMPTIONS),
-        )
-        found = Fit(values_of(r.x, whole=False), float(r.cost))
+        found = descend(objective, start)
         if best is None or found.cost < best.cost:
             best = found
         if progress is not None:
@@ -171,11 +186,13 @@ Prediction = float | tuple[float, float]
 def leave_one_out(
     objective: Objective, full: Fit, progress: Progress | None = None
 ) -> dict[str, Prediction]:
-    """Each fitted figure predicted by a fit without it, searched from the full fit."""
+    """Each fitted figure predicted by a fit without it, searched from the full fit
+    (least squares, then a shorter polish)."""
     out: dict[str, Prediction] = {}
     keys = [f.key for f in objective.figures(full.values)]
     for i, key in enumerate(keys):
-        without = polish(objective, full.values, leave_out=key)
+        descended = descend(objective, full.values, key)
+        without = polish(objective, descended.values, key, LEFT_OUT_EVALUATIONS)
         (figure,) = [f for f in objective.figures(without.values) if f.key == key]
         assert not isinstance(figure.predicted, bool)
         out[key] = figure.predicted

@@ -17,6 +17,7 @@ from rdurack.rack.models import ModelSpec, builtin_models
 from rdurack.rack.presets import builtin_platforms
 from rdurack.rack.timing import CollectiveCosts
 from rdurack.workloads.paper.figure import Figure
+from rdurack.workloads.paper.table_iv import table_iv
 from rdurack.workloads.paper.table_v import TableV
 from rdurack.workloads.predictor import (
     Predictor,
@@ -24,6 +25,7 @@ from rdurack.workloads.predictor import (
     predict_footprint,
     predict_fusion,
 )
+from rdurack.workloads.serving.speculative import SpeculativeSetting
 
 GIB = 2**30
 
@@ -64,6 +66,7 @@ class PaperStudy:
         makers: list[Callable[[], list[Figure]]] = [
             self._rack_totals,
             self.table_v.figures,
+            self._table_iv,
             self._footprint,
             self._fusion,
             self._kernel_looping,
@@ -111,6 +114,13 @@ class PaperStudy:
                 n * s.ddr.capacity_bytes / 1e12,
             ),
         ]
+
+    def _table_iv(self) -> list[Figure]:
+        spec = SpeculativeSetting(
+            draft_tokens=round(self.values["speculative.draft_tokens"]),
+            acceptance=self.values["speculative.acceptance"],
+        )
+        return table_iv(self.predictors["sn40l-rack16"], self.models, spec)
 
     def _footprint(self) -> list[Figure]:
         expert = self.models["llama2-7b"]

@@ -2,7 +2,8 @@
 (rack/timing.Timer through the Predictor), kernel launches and TP collectives inside
 each step.
 
-- prefill: one pass over the batch's prompts (the draft's too, when speculating);
+- prefill: one pass over the batch's prompts (the draft's too, when speculating), after
+  each model's invocation (loading its program and arguments);
 - decode iteration i starts from P + i x E tokens of context, E the expected tokens per
   iteration (1 without speculation: step j attends to P + j tokens, so its KV-cache
   reads grow with every token). A plain iteration is one decode step; a speculative one
@@ -52,12 +53,14 @@ class Cost:
 
 
 def prefill_cost(p: Predictor, b: ServeBatch) -> Cost:
-    """The prefill pass of every model of the batch (the target, and the draft)."""
+    """The prefill pass of every model of the batch (the target, and the draft), each
+    model's invocation first (its program and argument load, KernelCostSpec.invocation_ns,
+    counted with the launches)."""
     r = b.request
     cost = Cost()
     for m in b.models:
         timing = p.step(m, Phase.PREFILL, b.prefill_plan, r.batch_size, r.prompt_tokens, b.sockets)
-        cost += Cost.of(timing)
+        cost += Cost.of(timing) + Cost(seconds=p.invocation_s, launch_s=p.invocation_s)
     return cost
 
 

@@ -20,6 +20,7 @@ from pydantic import Field, ValidationError
 
 from rdurack.config import Config
 from rdurack.errors import InvalidRequest, UnknownName
+from rdurack.rack.calibration import fitted_values
 from rdurack.rack.models import ModelSpec
 
 # The draft of each target that has one among the presets: the smallest model of the
@@ -32,29 +33,32 @@ DRAFT_MODELS: dict[str, str] = {
     "llama2-13b": "llama2-7b",
     "llama2-70b": "llama2-7b",
 }
-DEFAULT_DRAFT_TOKENS = 4
-DEFAULT_ACCEPTANCE = 0.8
-# Why each default is what it is (docs/serving.md repeats these).
-REASONS: dict[str, str] = {
-    "draft_model": "assumption: PAPER does not name its draft; the smallest preset of the "
-    "target's family with the same tokenizer (Llama 3.1 8B for 70B and 405B, Llama 3.2 1B "
-    "for 8B), the usual pairing because a draft must emit the target's token ids",
-    "draft_tokens": "assumption: not published; 4 drafts per iteration. The yield "
-    "(1 - a^(k+1)) / (1 - a) flattens as k grows (at a = 0.8: 3.36 tokens at k = 4, 4.33 "
-    "at k = 8) while the draft's cost grows linearly with k",
-    "acceptance": "assumption: not published; 0.8, a same-family draft agreeing with its "
-    "target on four tokens in five of chat text. Unmeasured here: the calibration may fit "
-    "it, with k, to PAPER Table IV's 70B and 405B rows",
-}
+# Why the draft model is what it is; k and a are assumptions of the joint calibration
+# (rack/calibration.py: speculative.draft_tokens, speculative.acceptance), fitted with the
+# others to PAPER Table IV's 70B and 405B rows (docs/serving.md).
+DRAFT_MODEL_REASON = (
+    "assumption: PAPER does not name its draft; the smallest preset of the target's "
+    "family with the same tokenizer (Llama 3.1 8B for 70B and 405B, Llama 3.2 1B for 8B), "
+    "the usual pairing because a draft must emit the target's token ids"
+)
+
+
+def default_draft_tokens() -> int:
+    return round(fitted_values()["speculative.draft_tokens"])
+
+
+def default_acceptance() -> float:
+    return fitted_values()["speculative.acceptance"]
 
 
 class SpeculativeSetting(Config):
-    """Speculative decoding's three assumptions (REASONS says why each default)."""
+    """Speculative decoding's three assumptions: the draft model (DRAFT_MODEL_REASON),
+    k and a (fitted: rack/calibration.py)."""
 
     # None: the target's draft in DRAFT_MODELS.
     draft_model: str | None = None
-    draft_tokens: int = Field(default=DEFAULT_DRAFT_TOKENS, ge=1, le=64)
-    acceptance: float = Field(default=DEFAULT_ACCEPTANCE, ge=0.0, le=1.0)
+    draft_tokens: int = Field(default_factory=default_draft_tokens, ge=1, le=64)
+    acceptance: float = Field(default_factory=default_acceptance, ge=0.0, le=1.0)
 
     @classmethod
     def of(
