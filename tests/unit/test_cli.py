@@ -207,13 +207,15 @@ def test_bench_paper_json_lists_the_published_figures() -> None:
     assert out
     for figure in out:
         assert isinstance(figure, dict)
-        assert {"key", "published", "predicted", "ok", "fitted"} <= set(figure)
+        assert {"key", "published", "predicted", "ok", "fitted", "left_out"} <= set(figure)
         assert isinstance(figure["key"], str)
         assert isinstance(figure["ok"], bool)
         assert isinstance(figure["fitted"], bool)
     keys = [f["key"] for f in out]
     assert len(keys) == len(set(keys))
-    assert {"coe_speedup_dgx_a100", "footprint_ratio"} <= set(keys)
+    assert {"coe_overall_b8_t20_dgx-a100", "footprint_ratio"} <= set(keys)
+    # Every fitted figure carries its prediction by the fit done without it.
+    assert all(f["left_out"] is not None for f in out if f["fitted"])
 
 
 def test_a_bad_coe_trace_names_its_line(tmp_path: Path) -> None:

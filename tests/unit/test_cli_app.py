@@ -26,13 +26,13 @@ from tests.support.ports import free_port
 
 COMMANDS = {
     "up", "down", "watch", "job", "cancel", "jobs", "status", "demo", "certs", "token",
-    "trace", "plot", "spec",
+    "trace", "plot", "spec", "calibrate",
     "submit kernel", "submit coe", "submit train",
     "fault kill-socket", "fault kill-agent", "fault slow", "fault drop-link",
     "fault delay-link", "fault partition", "fault heal", "fault list",
     "predict fusion", "predict decode", "predict serve", "predict coe", "predict ddp",
     "predict footprint",
-    "bench paper",
+    "bench paper", "bench assumptions",
 }  # fmt: skip
 CONNECTION = ["address", "token", "token_file", "tls_ca", "tls_server_name"]
 SPECULATIVE = ["speculative", "draft_model", "draft_tokens", "acceptance"]
@@ -57,7 +57,7 @@ def test_every_command_is_in_its_place_in_the_listed_order() -> None:
     assert leaves == COMMANDS
     assert list(found[""].commands) == [
         "up", "down", "watch", "job", "cancel", "jobs", "status", "demo", "certs",
-        "token", "trace", "plot", "spec", "submit", "fault", "predict", "bench",
+        "token", "trace", "plot", "spec", "calibrate", "submit", "fault", "predict", "bench",
     ]  # fmt: skip
     assert list(found["submit"].commands) == ["kernel", "coe", "train"]
 

@@ -65,7 +65,7 @@ def test_the_speculative_defaults_are_in_the_help() -> None:
     done = rdu("predict", "serve", "--help")
     assert done.returncode == 0
     text = " ".join(done.stdout.split())
-    assert "default: 4" in text and "default: 0.8" in text
+    assert "default: the calibrated k" in text and "default: the calibrated one" in text
     for target, draft in DRAFT_MODELS.items():
         assert f"{draft} for {target}" in text.replace("│ ", "")
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from rdurack.workloads.paper.figure import Figure
 from rdurack.workloads.paper.study import PaperStudy
 
@@ -23,8 +25,12 @@ def test_figure_keys_are_unique_and_sourced() -> None:
 
 
 def test_figure_verdicts() -> None:
-    assert Figure("a", "", "", "x", 10.0, 11.4).ok
-    assert not Figure("a", "", "", "x", 10.0, 11.6).ok
+    assert Figure("a", "", "", "x", 10.0, 10.9).ok
+    assert not Figure("a", "", "", "x", 10.0, 11.1).ok
+    left_out = Figure("a", "", "", "x", 10.0, 10.9, fitted=True, left_out=11.9)
+    assert left_out.left_out_ok and left_out.left_out_error == pytest.approx(0.19)
+    assert not Figure("a", "", "", "x", 10.0, 10.9, fitted=True, left_out=12.1).left_out_ok
+    assert Figure("a", "", "", "x", 10.0, 10.9).left_out_ok is None
     assert Figure("a", "", "", "x", (1.0, 3.0), (1.5, 2.9)).ok
     assert not Figure("a", "", "", "x", (1.0, 3.0), (0.9, 2.9)).ok
     assert Figure("a", "", "", "", True, True).ok

@@ -145,11 +145,12 @@ def test_figures_are_consistent(name: str) -> None:
     assert plans == (("kernel-looped", "fused-ho") if dataflow else ("unfused", "unfused"))
 
 
-def test_the_first_token_is_the_prefill_pass() -> None:
+def test_the_first_token_is_the_invocation_and_the_prefill_pass() -> None:
     p = Predictor(platform("dgx-h100"))
     r = _serve("dgx-h100", batch_size=2, prompt_tokens=700, output_tokens=1)
     prefill = p.step(MODELS["llama3.1-8b"], Phase.PREFILL, FusionPlan.UNFUSED, 2, 700, 8)
-    assert r.ttft_s == pytest.approx(prefill.total_s)
+    assert p.invocation_s > 0  # the calibrated program and argument load
+    assert r.ttft_s == pytest.approx(p.invocation_s + prefill.total_s)
     # One output token: no decode, so no inter-token latency.
     assert r.e2e_s == r.ttft_s
     assert r.itl_s is None and r.tokens_per_s_per_user is None

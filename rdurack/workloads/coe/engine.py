@@ -360,7 +360,7 @@ class CoeEngine:
         def cost(size: int, prompt: int, out: int) -> float:
             p = self.predictor
             t = p.step(self.expert, Phase.PREFILL, self.prefill_plan, size, prompt, self.group)
-            total = t.total_s
+            total = p.invocation_s + t.total_s  # each wave's prefill is a call of its own
             if out > 1:
                 d = self._decode(size, prompt, out)
                 total += (
