@@ -25,7 +25,7 @@ export RAY_AUTH_MODE := disabled
 CHAOS_S ?= 170
 CHAOS_SEED ?=
 
-.PHONY: help install proto lint typecheck test run bench chaos clean k8s-render k8s-apply k8s-secrets
+.PHONY: help install proto lint typecheck test run bench docs chaos clean k8s-render k8s-apply k8s-secrets
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-11s %s\n", $$1, $$2}'
@@ -64,6 +64,9 @@ run: $(PROTO_STAMP) ## the main demo on the embedded default rack (rdu demo)
 
 bench: $(PROTO_STAMP) ## benchmarks: prints a table, writes build/bench.json
 	$(BIN)/python -m rdurack.devtools.bench --out build/bench.json
+
+docs: $(PROTO_STAMP) ## regenerate the docs' generated tables (docs/figures.md) from the code
+	$(BIN)/python -m rdurack.devtools.docs
 
 chaos: $(PROTO_STAMP) ## random faults under a mixed workload, bounded (CHAOS_S, CHAOS_SEED)
 	$(BIN)/python -m rdurack.devtools.chaos --duration-s $(CHAOS_S) --state-dir build/chaos \

@@ -15,11 +15,14 @@ from rich.console import Console
 from rich.table import Table
 
 from rdurack.cli.options import JsonOpt, MarkdownOpt
+from rdurack.errors import InvalidRequest
 from rdurack.rack.calibration import ASSUMPTIONS, CALIBRATION_FILE, fitted_values
+from rdurack.rack.kernels import FusionPlan
 from rdurack.workloads.calibration import record
 from rdurack.workloads.calibration.fit import (
     Movement,
     Objective,
+    Prediction,
     fit,
     leave_one_out,
     sensitivity,
@@ -28,6 +31,7 @@ from rdurack.workloads.calibration.fit import (
 )
 from rdurack.workloads.paper.figure import Figure, cell, percent, to_markdown
 from rdurack.workloads.paper.study import PaperStudy
+from rdurack.workloads.paper.table_v import TABLE_V_DECODE_PLAN
 
 # A figure moves "noticeably" with an assumption when it changes by more than this
 # across the assumption's range (the tables list only those).
@@ -141,18 +145,40 @@ def calibrate_cmd(
         int, typer.Option(min=0, max=100, help="random starts besides two fixed ones")
     ] = 6,
     seed: Annotated[int, typer.Option(min=0, help="the random starts' seed")] = 0,
+    table_v_plan: Annotated[
+        FusionPlan,
+        typer.Option(
+            "--table-v-decode-plan",
+            help="what-if: the SN40L's decode in PAPER Table V (never written)",
+        ),
+    ] = TABLE_V_DECODE_PLAN,
+    left_out: Annotated[
+        bool,
+        typer.Option(
+            "--leave-one-out/--no-leave-one-out",
+            help="also fit without each figure in turn (most of the time; --write needs it)",
+        ),
+    ] = True,
     as_json: JsonOpt = False,
 ) -> None:
     """Fit every unpublished assumption jointly against the fitted published figures,
     then predict each of those figures with the fit done without it (leave-one-out).
     Minutes of work: progress goes to stderr."""
+    if write and (table_v_plan != TABLE_V_DECODE_PLAN or not left_out):
+        raise InvalidRequest(
+            f"--write records the calibration the presets use: Table V decoded "
+            f"{TABLE_V_DECODE_PLAN.value}, with its leave-one-out predictions; "
+            "drop --table-v-decode-plan and --no-leave-one-out, or --write"
+        )
     err = Console(stderr=True)
     err.print(f"fitting {len(ASSUMPTIONS)} assumptions from {random_starts + 2} starts")
-    objective = Objective()
+    objective = Objective(table_v_plan)
     full = fit(objective, starts(fitted_values(), random_starts, seed), progress=err.print)
-    err.print("leaving each fitted figure out in turn")
-    left = leave_one_out(objective, full, progress=err.print)
-    figures = PaperStudy(full.values).figures()
+    left: dict[str, Prediction] = {}
+    if left_out:
+        err.print("leaving each fitted figure out in turn")
+        left = leave_one_out(objective, full, progress=err.print)
+    figures = objective.study(full.values).figures()
     result = record.Calibration(
         seed=seed,
         random_starts=random_starts,

@@ -11,6 +11,7 @@ import pytest
 
 from rdurack.errors import InvalidRequest, UnknownName
 from rdurack.rack.calibration import ASSUMPTIONS, assumption, checked, fitted_values
+from rdurack.rack.kernels import FusionPlan
 from rdurack.rack.presets import builtin_platforms
 from rdurack.workloads.calibration import record
 from rdurack.workloads.calibration.fit import (
@@ -25,6 +26,7 @@ from rdurack.workloads.calibration.fit import (
 )
 from rdurack.workloads.paper.figure import Figure
 from rdurack.workloads.paper.study import PaperStudy
+from tests.support.cli import rdu
 
 
 def _at(spec: Any, path: str) -> tuple[Any, str]:
@@ -136,3 +138,21 @@ def test_sensitivity_moves_the_figures_an_assumption_drives() -> None:
     # The DGX's switch-free expert time scales with the GPUs' prefill efficiency.
     low, high = moves["gpu.compute_efficiency"]["coe_expert_b1_t20_dgx-a100"]
     assert isinstance(low, float) and isinstance(high, float) and low > high
+
+
+def test_table_vs_decode_plan_is_a_what_if_of_the_objective() -> None:
+    values = fitted_values()
+    looped = {f.key: f.predicted for f in Objective().figures(values)}
+    fused = {f.key: f.predicted for f in Objective(FusionPlan.FUSED_HO).figures(values)}
+    # Per-layer fused decode is slower on the SN40L: its speedups over the DGX fall.
+    slower, faster = fused["coe_expert_b1_t200_dgx-a100"], looped["coe_expert_b1_t200_dgx-a100"]
+    assert isinstance(slower, float) and isinstance(faster, float) and slower < faster
+    # The figures without Table V do not move.
+    assert fused["kl_speedup_max"] == looped["kl_speedup_max"]
+
+
+def test_rdu_calibrate_refuses_to_write_a_what_if() -> None:
+    done = rdu("calibrate", "--write", "--table-v-decode-plan", "fused-ho")
+    assert done.returncode == 2
+    assert "--write records the calibration the presets use" in done.stderr
+    assert "Traceback" not in done.stderr

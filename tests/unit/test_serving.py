@@ -200,8 +200,8 @@ def test_an_iteration_is_k_draft_steps_and_one_verification_pass() -> None:
     verify = p.timer(16).step(step(b.target, Phase.DECODE, 2, 1004, 16, new_tokens=4), plan)
     drafts = [p.step(draft, Phase.DECODE, plan, 2, 1000 + j, 16).total_s for j in (1, 2, 3)]
     assert iteration_cost(p, b, 1000).seconds == pytest.approx(verify.total_s + sum(drafts))
-    # 49 tokens after the first at 3.2 expected tokens per iteration.
-    assert b.iterations == math.ceil(49 / expected_tokens(3, 0.8))
+    # 49 tokens after the first, at the expected tokens of k = 3 and the calibrated a.
+    assert b.iterations == math.ceil(49 / expected_tokens(3, SPEC.acceptance))
 
 
 def test_speculation_speeds_up_a_large_target_and_costs_when_nothing_is_accepted() -> None:
@@ -216,10 +216,11 @@ def test_speculation_speeds_up_a_large_target_and_costs_when_nothing_is_accepted
     assert fast.ttft_s > plain.ttft_s  # the draft prefills too
     figures = fast.speculative
     assert figures is not None
+    # The defaults are the calibrated k and a (rack/calibration.py).
     assert (figures.draft_model, figures.draft_tokens, figures.acceptance) == (
-        "llama3.1-8b", 4, 0.8,
+        "llama3.1-8b", SPEC.draft_tokens, SPEC.acceptance,
     )  # fmt: skip
-    assert figures.tokens_per_iteration == pytest.approx(3.3616)
+    assert figures.tokens_per_iteration == pytest.approx(SPEC.tokens_per_iteration)
 
 
 def test_speculative_decode_spreads_an_iteration_over_its_tokens() -> None:
@@ -228,7 +229,7 @@ def test_speculative_decode_spreads_an_iteration_over_its_tokens() -> None:
     r = predict_speculative_decode(p, request, 8192, MODELS)
     b = resolve(ServeRequest("llama3.1-405b", 1, 8191, 1, speculative=SPEC), p.platform, MODELS)
     assert r.iteration_s == pytest.approx(iteration_cost(p, b, 8191).seconds)
-    assert r.step_s == pytest.approx(r.iteration_s / 3.3616)
+    assert r.step_s == pytest.approx(r.iteration_s / SPEC.tokens_per_iteration)
     assert r.tokens_per_s_per_user == pytest.approx(1 / r.step_s)
     plain = predict_decode(p, MODELS["llama3.1-405b"], 1, context=8192)
     assert r.tokens_per_s_per_user > plain.tokens_per_s_per_user

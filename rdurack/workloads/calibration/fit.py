@@ -28,9 +28,11 @@ import numpy as np
 from scipy.optimize import least_squares, minimize
 
 from rdurack.rack.calibration import ASSUMPTIONS, Assumption, checked
+from rdurack.rack.kernels import FusionPlan
 from rdurack.rack.timing import CollectiveCosts
 from rdurack.workloads.paper.figure import Figure
 from rdurack.workloads.paper.study import PaperStudy
+from rdurack.workloads.paper.table_v import TABLE_V_DECODE_PLAN
 
 Values = dict[str, float]
 Progress = Callable[[str], None]
@@ -83,13 +85,18 @@ LEFT_OUT_EVALUATIONS = 1000
 
 class Objective:
     """The fitted figures and the objective at any values, with one collective-cost
-    cache for all the studies a fit tries (rack/timing.py)."""
+    cache for all the studies a fit tries (rack/timing.py). `table_v_plan`: the SN40L's
+    decode in Table V, for the what-if fit with another plan."""
 
-    def __init__(self) -> None:
+    def __init__(self, table_v_plan: FusionPlan = TABLE_V_DECODE_PLAN) -> None:
         self._collectives = CollectiveCosts()
+        self.table_v_plan = table_v_plan
+
+    def study(self, values: Mapping[str, float]) -> PaperStudy:
+        return PaperStudy(values, self._collectives, self.table_v_plan)
 
     def figures(self, values: Mapping[str, float]) -> list[Figure]:
-        return [f for f in PaperStudy(values, self._collectives).figures() if f.fitted]
+        return [f for f in self.study(values).figures() if f.fitted]
 
     def residuals(self, u: Sequence[float] | np.ndarray, leave_out: str = "") -> list[float]:
         figures = self.figures(values_of(u, whole=False))

@@ -18,7 +18,7 @@ from rdurack.rack.presets import builtin_platforms
 from rdurack.rack.timing import CollectiveCosts
 from rdurack.workloads.paper.figure import Figure
 from rdurack.workloads.paper.table_iv import table_iv
-from rdurack.workloads.paper.table_v import TableV
+from rdurack.workloads.paper.table_v import TABLE_V_DECODE_PLAN, TableV
 from rdurack.workloads.predictor import (
     Predictor,
     predict_decode,
@@ -50,17 +50,23 @@ def _span(values: list[float]) -> tuple[float, float]:
 class PaperStudy:
     """Computes every figure from the built-in platforms and models, with the
     assumptions at `values` (rack/calibration.py names them; default: the calibrated).
-    `collectives`: a collective-cost cache shared with other studies (a fit's)."""
+    `collectives`: a collective-cost cache shared with other studies (a fit's);
+    `table_v_plan`: the SN40L's decode in Table V (table_v.py)."""
 
     def __init__(
-        self, values: Mapping[str, float] | None = None, collectives: CollectiveCosts | None = None
+        self,
+        values: Mapping[str, float] | None = None,
+        collectives: CollectiveCosts | None = None,
+        table_v_plan: FusionPlan = TABLE_V_DECODE_PLAN,
     ) -> None:
         self.values = fitted_values() if values is None else dict(values)
         self.platforms = builtin_platforms(self.values)
         self.models: dict[str, ModelSpec] = builtin_models()
         self.predictors = {n: Predictor(p, collectives) for n, p in self.platforms.items()}
         # Not rounded: a fit moves the prompt length continuously (calibration/fit.py).
-        self.table_v = TableV(self.predictors, self.models, self.values["table_v.prompt_tokens"])
+        self.table_v = TableV(
+            self.predictors, self.models, self.values["table_v.prompt_tokens"], table_v_plan
+        )
 
     def figures(self) -> list[Figure]:
         makers: list[Callable[[], list[Figure]]] = [

@@ -43,15 +43,18 @@ SWITCHING = {"dgx-a100": 31.0, "dgx-h100": 15.0}  # the text says 16x for H100
 
 @dataclass(frozen=True)
 class TableV:
-    """Predicts PAPER Table V's rows with the given predictors and Table V's prompt."""
+    """Predicts PAPER Table V's rows with the given predictors and Table V's prompt;
+    `decode_plan`: the SN40L's decode (another plan than TABLE_V_DECODE_PLAN is a what-if,
+    `rdu calibrate --table-v-decode-plan`)."""
 
     predictors: dict[str, Predictor]
     models: dict[str, ModelSpec]
     prompt_tokens: float  # an integer, but for the fit's trial values
+    decode_plan: FusionPlan = TABLE_V_DECODE_PLAN
 
     def coe(self, platform: str, experts: int, batch: int = 8, output: int = 20) -> CoeResult:
         p = self.predictors[platform]
-        plan = TABLE_V_DECODE_PLAN if p.platform.socket.kernels.dataflow_fusion else None
+        plan = self.decode_plan if p.platform.socket.kernels.dataflow_fusion else None
         setting = CoeSetting(
             experts=experts,
             batch=batch,
