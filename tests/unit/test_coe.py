@@ -154,7 +154,9 @@ def test_a_trace_replays_at_its_arrival_times() -> None:
 
 
 def test_cache_aware_routing_switches_less_than_random_on_a_skewed_trace() -> None:
-    load = PoissonLoad(requests=600, rate_per_s=40.0, skew=1.1, seed=3)
+    # 20 requests/s: under heavier load the replicas' queues grow and the two policies'
+    # switch counts converge (at 40/s: 355 against 423; at 20/s: 316 against 421).
+    load = PoissonLoad(requests=600, rate_per_s=20.0, skew=1.1, seed=3)
     # A small region (4 experts per replica) makes placement matter.
     base = {"num_experts": 60, "poisson": load, "num_sockets": 16, "reserved_hbm_bytes": 4 * SHARE}
     aware = engine_run(CoeWorkload(**base, node_routing="cache-aware"), replicas=2)
