@@ -1,0 +1,245 @@
+"""A decoder layer's operators, per socket, under tensor parallelism over `tp` sockets.
+
+Attention heads are split `tp` ways (Megatron-style TP); keys and values split by KV
+head, so a group wider than the model's KV heads holds copies (`ModelSpec.kv_shards`).
+Multi-head latent attention (MLA) caches one latent per token that every head reads: it
+is whole on every socket, and so are its two down-projections (replicated, as vLLM
+places them: splitting them would add a collective to every layer).
+
+MLA runs in two forms (DeepSeek-V2 Sec. 2.1.3): prefill and training expand the latent
+into per-head keys and values; decode absorbs the key up-projection into the query and
+the value up-projection into the output, so each new token attends over the cached
+latent directly and nothing is expanded.
+
+The MLP is dense, or a mixture of experts (rack/routing.py: how many experts a batch
+touches), placed one of two ways (`ExpertMapping`):
+
+- expert-parallel: whole experts, E / tp on each socket. After attention's all-reduce
+  every socket holds every token, so dispatch needs no transfer; each socket runs its
+  own experts for the tokens routed to them, and the combine is one all-reduce of the
+  partial outputs. The layer waits for the busiest socket.
+- tensor-parallel: every expert's columns split over the group, like a dense MLP; every
+  socket reads its slice of each touched expert. Balanced, but every socket reads every
+  touched expert.
+
+Weights stored in FP8 (`WeightFormat`) move at their stored size; the SN40L computes in
+BF16, so each weight read is converted and scaled first: UPCAST_FLOPS_PER_WEIGHT.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from rdurack.errors import InvalidRequest
+from rdurack.rack.models import ModelSpec, WeightFormat
+from rdurack.rack.ops import Block, Op, OpKind, Shape
+from rdurack.rack.routing import expert_load, touched
+
+# Assumption: converting an FP8 weight to BF16 and applying its block scale costs one
+# conversion and one multiply; the article seed says the SN40L has no FP8 arithmetic.
+UPCAST_FLOPS_PER_WEIGHT = 2
+
+
+class ExpertMapping(StrEnum):
+    EXPERT_PARALLEL = "expert-parallel"
+    TENSOR_PARALLEL = "tensor-parallel"
+
+
+def decoder_layer(
+    model: ModelSpec, s: Shape, tp: int, causal: bool, moe: ExpertMapping | None = None
+) -> Block:
+    """One decoder layer: attention, then the dense MLP (`moe` None) or the MoE block."""
+    t, b, d = s.tokens, model.bytes_per_param, model.hidden
+    act = t * d * b  # one full hidden state
+    ops = [Op("attn_norm", OpKind.ELEMENTWISE, 4 * t * d, d * b, act, act)]
+    ops += _mla(model, s, tp, causal) if model.mla is not None else _attention(model, s, tp, causal)
+    if tp > 1:
+        ops.append(Op("attn_all_reduce", OpKind.ALL_REDUCE, 0, reduce_bytes=act))
+    ops += [
+        Op("attn_residual", OpKind.ELEMENTWISE, t * d, 0, 2 * act, act),
+        Op("mlp_norm", OpKind.ELEMENTWISE, 4 * t * d, d * b, act, act),
+    ]
+    ops += _dense_mlp(model, t, tp) if moe is None else _experts(model, t, tp, moe)
+    if tp > 1:
+        ops.append(Op("mlp_all_reduce", OpKind.ALL_REDUCE, 0, reduce_bytes=act))
+    ops.append(Op("mlp_residual", OpKind.ELEMENTWISE, t * d, 0, 2 * act, act))
+    name = "decoder_layer" if moe is None else "moe_layer"
+    return Block(name, tuple(ops), t, in_bytes=act, out_bytes=act, loopable=True)
+
+
+def _matmul(
+    model: ModelSpec, name: str, tokens: float, k: float, n: float, params: float, act_in: float
+) -> Op:
+    """A (tokens x k) @ (k x n) product reading `params` weights of the layer's matrices."""
+    w = model.matrix_bytes_per_param
+    stored = model.weight_format is not WeightFormat.NATIVE
+    upcast = UPCAST_FLOPS_PER_WEIGHT * params if stored else 0
+    out = tokens * n * model.bytes_per_param
+    return Op(name, OpKind.MATMUL, 2 * tokens * k * n + upcast, params * w, act_in, out)
+
+
+# ------------------------------------------------------------------ attention
+
+
+def _attention(model: ModelSpec, s: Shape, tp: int, causal: bool) -> list[Op]:
+    """Standard or grouped-query attention."""
+    b, t, d = model.bytes_per_param, s.tokens, model.hidden
+    q, kvd, shards = model.q_dim / tp, model.kv_dim / model.kv_shards(tp), model.kv_shards(tp)
+    heads = model.heads / tp
+    # Causal attention: on average a query attends to half the context. A decode query
+    # attends to all of it (of a verification pass's new tokens, the i-th of n sees
+    # n - 1 - i fewer: at most a few draft tokens out of thousands, left out).
+    attended = s.context / 2 if causal else s.context
+    kv_cache = s.batch * s.context * model.kv_dim * b / shards  # K (or V) of every sequence
+    scores = heads * t * s.context * b
+    qkv = _matmul(model, "qkv_proj", t, d, q + 2 * kvd, d * (q + 2 * kvd), t * d * b)
+    return [
+        Op(qkv.name, qkv.kind, qkv.flops, qkv.weight_bytes, qkv.act_in_bytes, qkv.act_out_bytes,
+           kv_bytes=t * 2 * kvd * b),  # this step's K, V appended to the cache
+        Op("rope", OpKind.ELEMENTWISE, 6 * t * (q + kvd), 0, *(2 * [t * (q + kvd) * b])),
+        Op("attn_scores", OpKind.ATTENTION, 2 * t * attended * q, 0, t * q * b, scores,
+           kv_bytes=kv_cache),
+        Op("softmax", OpKind.ELEMENTWISE, 5 * heads * t * s.context, 0, scores, scores),
+        Op("attn_v", OpKind.ATTENTION, 2 * t * attended * q, 0, scores, t * q * b,
+           kv_bytes=kv_cache),
+        _matmul(model, "o_proj", t, q, d, q * d, t * q * b),
+    ]  # fmt: skip
+
+
+def _mla(model: ModelSpec, s: Shape, tp: int, causal: bool) -> list[Op]:
+    """Multi-head latent attention: absorbed in decode, expanded otherwise."""
+    a = model.mla
+    assert a is not None
+    b, t, d = model.bytes_per_param, s.tokens, model.hidden
+    h = model.heads / tp
+    latent = a.cached  # per token and layer: latent + rotary key
+    ops: list[Op] = []
+    if a.q_lora_rank:
+        ops.append(_matmul(model, "q_down", t, d, a.q_lora_rank, d * a.q_lora_rank, t * d * b))
+        q_in, q_k = t * a.q_lora_rank * b, a.q_lora_rank
+    else:
+        q_in, q_k = t * d * b, d
+    ops.append(_matmul(model, "q_up", t, q_k, h * a.qk_head_dim, q_k * h * a.qk_head_dim, q_in))
+    kv_down = _matmul(model, "kv_down", t, d, latent, d * latent, t * d * b)
+    # Every socket appends the new tokens' latents to its own whole copy of the cache.
+    ops.append(_with_kv(kv_down, t * latent * b))
+    cache = s.batch * s.context * latent * b
+    scores = h * t * s.context * b
+    if not causal:  # decode: absorbed
+        attended: float = s.context
+        ops += [
+            _matmul(model, "q_absorb", t * h, a.qk_nope_head_dim, a.kv_lora_rank,
+                    h * a.qk_nope_head_dim * a.kv_lora_rank, t * h * a.qk_nope_head_dim * b),
+            # The latent serves as key and as value: one read, charged to the scores.
+            Op("attn_scores", OpKind.ATTENTION, 2 * t * h * attended * latent, 0,
+               t * h * latent * b, scores, kv_bytes=cache),
+            Op("softmax", OpKind.ELEMENTWISE, 5 * h * t * s.context, 0, scores, scores),
+            Op("attn_v", OpKind.ATTENTION, 2 * t * h * attended * a.kv_lora_rank, 0, scores,
+               t * h * a.kv_lora_rank * b),
+            _matmul(model, "v_absorb", t * h, a.kv_lora_rank, a.v_head_dim,
+                    h * a.kv_lora_rank * a.v_head_dim, t * h * a.kv_lora_rank * b),
+        ]  # fmt: skip
+    else:  # prefill, training: expand the latent of every token into keys and values
+        attended = s.context / 2
+        kv_w = a.qk_nope_head_dim + a.v_head_dim
+        ops += [
+            _matmul(model, "kv_up", s.batch * s.context, a.kv_lora_rank, h * kv_w,
+                    a.kv_lora_rank * h * kv_w, s.batch * s.context * a.kv_lora_rank * b),
+            Op("attn_scores", OpKind.ATTENTION, 2 * t * h * attended * a.qk_head_dim, 0,
+               t * h * a.qk_head_dim * b, scores),
+            Op("softmax", OpKind.ELEMENTWISE, 5 * h * t * s.context, 0, scores, scores),
+            Op("attn_v", OpKind.ATTENTION, 2 * t * h * attended * a.v_head_dim, 0, scores,
+               t * h * a.v_head_dim * b),
+        ]  # fmt: skip
+    o = h * a.v_head_dim
+    ops.append(_matmul(model, "o_proj", t, o, d, o * d, t * o * b))
+    return ops
+
+
+def _with_kv(op: Op, kv_bytes: float) -> Op:
+    return Op(op.name, op.kind, op.flops, op.weight_bytes, op.act_in_bytes, op.act_out_bytes,
+              kv_bytes=kv_bytes)  # fmt: skip
+
+
+# ------------------------------------------------------------------ MLP and experts
+
+
+def _dense_mlp(model: ModelSpec, t: int, tp: int) -> list[Op]:
+    b, d, f = model.bytes_per_param, model.hidden, model.ffn / tp
+    m = model.mlp_matrices - 1  # matrices before the activation: 2 gated, 1 plain
+    return [
+        _matmul(model, "up_proj", t, d, m * f, d * m * f, t * d * b),
+        Op("activation", OpKind.ELEMENTWISE, 8 * t * f, 0, t * m * f * b, t * f * b),
+        _matmul(model, "down_proj", t, f, d, f * d, t * f * b),
+    ]
+
+
+def _experts(model: ModelSpec, t: int, tp: int, mapping: ExpertMapping) -> list[Op]:
+    """Router, shared experts (split like a dense MLP) and the routed experts."""
+    moe = model.moe
+    assert moe is not None
+    b, d, fe = model.bytes_per_param, model.hidden, moe.expert_ffn
+    e, k = moe.routed_experts, moe.active_experts
+    # The router is small and kept at full precision; every socket routes every token.
+    router = Op("router", OpKind.MATMUL, 2 * t * d * e, d * e * b, t * d * b, t * e * b)
+    ops = [router]
+    if moe.shared_experts:
+        f = moe.shared_experts * fe / tp
+        ops += [
+            _matmul(model, "shared_up", t, d, 2 * f, d * 2 * f, t * d * b),
+            Op("shared_activation", OpKind.ELEMENTWISE, 8 * t * f, 0, 2 * t * f * b, t * f * b),
+            _matmul(model, "shared_down", t, f, d, f * d, t * f * b),
+        ]
+    if mapping is ExpertMapping.EXPERT_PARALLEL:
+        load = expert_load(moe, t, tp)
+        experts, pairs, f = load.busiest_experts, load.busiest_assignments, fe
+    else:
+        experts, pairs, f = touched(moe, t), t * k, fe / tp
+    ops += [
+        # `pairs` (token, expert) rows through the weights of `experts` experts.
+        _matmul(model, "experts_up", pairs, d, 2 * f, experts * d * 2 * f, pairs * d * b),
+        Op("experts_activation", OpKind.ELEMENTWISE, 8 * pairs * f, 0, 2 * pairs * f * b,
+           pairs * f * b),
+        _matmul(model, "experts_down", pairs, f, d, experts * f * d, pairs * f * b),
+    ]  # fmt: skip
+    return ops
+
+
+def expert_mapping(model: ModelSpec, tp: int, asked: ExpertMapping | None) -> ExpertMapping | None:
+    """The mapping of a model's experts over `tp` sockets: `asked`, else expert-parallel
+    where the experts divide evenly over the group, else tensor-parallel. None for a
+    dense model."""
+    if model.moe is None:
+        return None
+    if asked is not None:
+        return asked
+    if model.moe.routed_experts % tp == 0:
+        return ExpertMapping.EXPERT_PARALLEL
+    return ExpertMapping.TENSOR_PARALLEL
+
+
+def check_tp(model: ModelSpec, tp: int, mapping: ExpertMapping | None) -> None:
+    """The splits this group needs must be whole."""
+    if model.heads % tp:
+        raise InvalidRequest(
+            f"{model.name}: TP over {tp} sockets must divide heads ({model.heads})"
+        )
+    if model.dense_layers and model.ffn % tp:
+        raise InvalidRequest(f"{model.name}: TP over {tp} sockets must divide ffn ({model.ffn})")
+    moe = model.moe
+    if moe is None or mapping is None:
+        return
+    if (moe.shared_experts * moe.expert_ffn) % tp:
+        raise InvalidRequest(
+            f"{model.name}: TP over {tp} sockets must divide the shared experts' ffn "
+            f"({moe.shared_experts} x {moe.expert_ffn})"
+        )
+    if mapping is ExpertMapping.EXPERT_PARALLEL and moe.routed_experts % tp:
+        raise InvalidRequest(
+            f"{model.name}: {moe.routed_experts} experts do not divide over {tp} sockets; "
+            "place them tensor-parallel"
+        )
+    if mapping is ExpertMapping.TENSOR_PARALLEL and moe.expert_ffn % tp:
+        raise InvalidRequest(
+            f"{model.name}: TP over {tp} sockets must divide the experts' ffn ({moe.expert_ffn})"
+        )
