@@ -27,6 +27,7 @@ import typer
 from rdurack.client.connection import DEFAULT_ADDRESS, Target, one_line_errors
 from rdurack.errors import InvalidRequest
 from rdurack.rack.kernels import FusionPlan
+from rdurack.rack.models import ExpertMapping
 from rdurack.security.tls import ENV_CA, ENV_SERVER_NAME
 from rdurack.workloads.serving.speculative import (
     DRAFT_MODELS,
@@ -197,3 +198,12 @@ def _in_place_of(
     run.__signature__ = signature.replace(parameters=shown)  # type: ignore[attr-defined]
     run.__annotations__ = {p.name: p.annotation for p in shown} | {"return": None}
     return run
+
+
+ExpertMappingOpt = Annotated[
+    ExpertMapping | None,
+    typer.Option(
+        help="an MoE model's experts: whole on each socket (expert-parallel) or split over "
+        "every socket (tensor-parallel); default: expert-parallel where they divide evenly"
+    ),
+]

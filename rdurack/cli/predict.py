@@ -16,6 +16,7 @@ from rdurack.cli.options import (
     DEFAULT_OUTPUT_TOKENS,
     DEFAULT_PROMPT_TOKENS,
     BatchSizeOpt,
+    ExpertMappingOpt,
     JsonOpt,
     MarkdownOpt,
     ModelOpt,
@@ -26,9 +27,9 @@ from rdurack.cli.options import (
     SpecOpt,
 )
 from rdurack.cli.views import emit
-from rdurack.errors import UnknownName
+from rdurack.errors import InvalidRequest, UnknownName
 from rdurack.rack.kernels import FusionPlan, Phase
-from rdurack.rack.models import ModelSpec, builtin_models
+from rdurack.rack.models import ExpertMapping, ModelSpec, builtin_models
 from rdurack.rack.whatif import load_platform
 from rdurack.workloads.predictor import (
     CoeSetting,
@@ -50,6 +51,19 @@ def _model(name: str) -> ModelSpec:
     if name not in models:
         raise UnknownName("model", name, sorted(models))
     return models[name]
+
+
+def _models(name: str, mapping: ExpertMapping | None) -> dict[str, ModelSpec]:
+    """The presets, with model `name`'s experts placed as `mapping` says (None: the
+    default, rack/layers.py `expert_mapping`)."""
+    models = builtin_models()
+    chosen = _model(name)
+    if mapping is not None:
+        if chosen.moe is None:
+            raise InvalidRequest(f"{name} has no experts: --expert-mapping is for MoE models")
+        moe = chosen.moe.model_copy(update={"mapping": mapping})
+        models[name] = chosen.model_copy(update={"moe": moe})
+    return models
 
 
 # --------------------------------------------------------------------- predict
@@ -87,17 +101,20 @@ def predict_decode_cmd(
         FusionPlan | None, typer.Option(help="default: kernel-looped on SN40L, unfused on GPUs")
     ] = None,
     speculative: SpeculativeSetting | None = None,
+    expert_mapping: ExpertMappingOpt = None,
     spec: SpecOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Steady-state decode throughput of a model on a platform. With --speculative,
-    step_s is a draft-and-verify iteration's time over the tokens it yields."""
+    """Steady-state decode throughput of a model on a platform, and where its weights
+    and KV cache live on each socket. With --speculative, step_s is a draft-and-verify
+    iteration's time over the tokens it yields."""
     p = Predictor(load_platform(platform, spec))
+    models = _models(model, expert_mapping)
     if speculative is None:
-        r = predict_decode(p, _model(model), batch_size, sockets, context, plan)
+        r = predict_decode(p, models[model], batch_size, sockets, context, plan)
     else:
         request = ServeRequest(model, batch_size, context, 1, sockets, plan, speculative)
-        r = predict_speculative_decode(p, request, context, builtin_models())
+        r = predict_speculative_decode(p, request, context, models)
     emit(as_json, r.to_dict(), f"decode: {model} on {platform}")
 
 
@@ -110,6 +127,7 @@ def predict_serve_cmd(
     output_tokens: OutputTokensOpt = DEFAULT_OUTPUT_TOKENS,
     plan: ServePlanOpt = None,
     speculative: SpeculativeSetting | None = None,
+    expert_mapping: ExpertMappingOpt = None,
     spec: SpecOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -123,7 +141,8 @@ def predict_serve_cmd(
     request = ServeRequest(
         model, batch_size, prompt_tokens, output_tokens, sockets, plan, speculative
     )
-    r = predict_serve(Predictor(load_platform(platform, spec)), request, builtin_models())
+    models = _models(model, expert_mapping)
+    r = predict_serve(Predictor(load_platform(platform, spec)), request, models)
     emit(as_json, r.model_dump(mode="json"), f"serve: {model} on {platform}")
 
 
@@ -140,7 +159,7 @@ def predict_coe_cmd(
     router_model: Annotated[str, typer.Option()] = "llama2-7b",
     decode_plan: Annotated[
         FusionPlan | None,
-        typer.Option(help="default: kernel-looped on SN40L, unfused on GPUs (Table V: fused-ho)"),
+        typer.Option(help="default: kernel-looped on SN40L (as Table V), unfused on GPUs"),
     ] = None,
     spec: SpecOpt = None,
     as_json: JsonOpt = False,

@@ -1,6 +1,6 @@
 """What jobs hold on a socket's tiers: named allocations, real arrays (functional mode,
-each accounted in a tier), and the HBM a kernel's model holds (its weight share and KV
-cache).
+each accounted in a tier), and what a kernel's model holds (its weight share and KV
+cache in HBM, its cold experts in DDR).
 
 Everything a job holds is named under the job's prefix (`job-1/...`), as are the
 allocations of its program and its training rank, so releasing the job frees all of it
@@ -13,7 +13,7 @@ import numpy as np
 
 from rdurack.errors import InvalidRequest, UnknownName
 from rdurack.rack.memory import TieredMemory, TierUsage
-from rdurack.rack.models import ModelSpec
+from rdurack.rack.placement import Placement
 from rdurack.rack.spec import Tier
 
 
@@ -50,25 +50,21 @@ class JobMemory:
             raise UnknownName("tensor", name, names)
         return self.tensors[key]
 
-    def hold_weights(self, job_id: str, model: ModelSpec, group_size: int, kv_tokens: int) -> None:
-        """`model`'s weight share in a TP group of `group_size`, and its KV cache of
-        `kv_tokens` tokens (0: none), in HBM for the job; held once, then kept."""
-        weights = f"{job_id}/weights/{model.name}"
-        if weights not in self.memory:
-            self.memory.allocate(
-                weights,
-                Tier.HBM,
-                -(-model.weight_bytes // group_size),
-                what=f"{model.name} weights (1/{group_size})",
-            )
-        kv = f"{job_id}/kv/{model.name}/{kv_tokens}"
-        if kv_tokens and kv not in self.memory:
-            self.memory.allocate(
-                kv,
-                Tier.HBM,
-                -(-kv_tokens * model.kv_bytes_per_token() // group_size),
-                what=f"KV cache of {kv_tokens} tokens",
-            )
+    def hold_model(self, job_id: str, model: str, placement: Placement, kv_tokens: int) -> None:
+        """A model's `placement` on this socket (rack/placement.py) held for the job: its
+        weights in HBM, the routed experts that do not fit there in DDR, and its KV cache
+        of `kv_tokens` tokens (0: none) in HBM; held once, then kept."""
+        n = placement.sockets
+        held = [
+            (f"weights/{model}", Tier.HBM, placement.weights_hbm_bytes, f"{model} weights (1/{n})"),
+            (f"experts/{model}", Tier.DDR, placement.experts_ddr_bytes, f"{model} cold experts"),
+            (f"kv/{model}/{kv_tokens}", Tier.HBM, placement.kv_hbm_bytes,
+             f"KV cache of {kv_tokens} tokens"),
+        ]  # fmt: skip
+        for name, tier, nbytes, what in held:
+            key = f"{job_id}/{name}"
+            if nbytes and key not in self.memory:
+                self.memory.allocate(key, tier, nbytes, what=what)
 
     def release(self, job_id: str) -> None:
         """Free everything `job_id` holds."""

@@ -38,6 +38,7 @@ from rdurack.rack.clock import EmulatedClock
 from rdurack.rack.kernels import FusionPlan, Phase
 from rdurack.rack.memory import TieredMemory, TierUsage
 from rdurack.rack.models import ModelSpec, builtin_models
+from rdurack.rack.placement import place
 from rdurack.rack.spec import PlatformSpec
 from rdurack.rack.topology import SocketId, Topology
 from rdurack.security.tls import TlsConfig
@@ -257,7 +258,8 @@ class Socket:
         if steps <= 0:
             raise InvalidRequest(f"steps must be positive, got {steps}")
         kv_tokens = batch * seq if phase is not Phase.TRAIN else 0
-        self._held.hold_weights(job_id, model, group_size, kv_tokens)
+        placement = place(model, self.platform, group_size, kv_tokens)
+        self._held.hold_model(job_id, model.name, placement, kv_tokens)
         timing = self._predictor.step(model, phase, plan, batch, seq, group_size)
         self._pacer.meet(start_ns)
         start = self.clock.now_ns
@@ -304,8 +306,8 @@ class Socket:
         for the prefill and one for the decode iterations."""
         self._hold(job_id)
         batch = resolve(request, self.platform, self._models)
-        for m in batch.models:
-            self._held.hold_weights(job_id, m, batch.sockets, batch.kv_tokens())
+        for m, placement in zip(batch.models, batch.placements(), strict=True):
+            self._held.hold_model(job_id, m.name, placement, batch.kv_tokens())
         self._pacer.meet(start_ns)
         start = self.clock.now_ns
         total = Cost()

@@ -22,7 +22,7 @@ from __future__ import annotations
 from enum import StrEnum
 
 from rdurack.errors import InvalidRequest
-from rdurack.rack.layers import ExpertMapping, check_tp, decoder_layer, expert_mapping
+from rdurack.rack.layers import check_tp, decoder_layer, expert_mapping
 from rdurack.rack.models import ModelSpec
 from rdurack.rack.ops import Block, Op, OpKind, Phase, Shape, Step
 
@@ -50,7 +50,7 @@ def step(
     seq: int,
     tp: int,
     new_tokens: int = 1,
-    experts: ExpertMapping | None = None,
+    cold_experts: float = 0.0,
 ) -> Step:
     """Decompose one step. `seq` is the prompt length (prefill, train) or the context the
     decoded tokens attend to (decode), new tokens included.
@@ -59,14 +59,14 @@ def step(
     decoding; several is a speculative verification pass, which appends all of them to
     the KV cache and needs the logits of every one (to accept or reject each draft).
 
-    `experts`: how an MoE model's experts lie over the `tp` sockets (rack/layers.py;
-    default: `expert_mapping`'s choice)."""
+    `cold_experts`: the fraction of an MoE model's routed-expert weights held in DDR
+    (rack/placement.py decides it)."""
     if batch <= 0 or seq <= 0 or tp <= 0 or new_tokens <= 0:
         raise InvalidRequest(
             f"batch, seq, sockets and new tokens must be positive: {batch}, {seq}, {tp}, "
             f"{new_tokens}"
         )
-    mapping = expert_mapping(model, tp, experts)
+    mapping = expert_mapping(model, tp)
     check_tp(model, tp, mapping)
     if phase is Phase.DECODE:
         if new_tokens > seq:
@@ -87,7 +87,9 @@ def step(
     if model.dense_layers:
         layers.append((decoder_layer(model, shape, tp, causal), model.dense_layers))
     if model.moe_layers:
-        layers.append((decoder_layer(model, shape, tp, causal, mapping), model.moe_layers))
+        layers.append(
+            (decoder_layer(model, shape, tp, causal, mapping, cold_experts), model.moe_layers)
+        )
     # Prefill needs the logits of the last position of each sequence only; decode those
     # of every new token (one per sequence, unless verifying drafts); training all.
     head_tokens = batch if phase is Phase.PREFILL else shape.tokens

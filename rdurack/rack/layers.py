@@ -28,10 +28,10 @@ BF16, so each weight read is converted and scaled first: UPCAST_FLOPS_PER_WEIGHT
 
 from __future__ import annotations
 
-from enum import StrEnum
+from dataclasses import replace
 
 from rdurack.errors import InvalidRequest
-from rdurack.rack.models import ModelSpec, WeightFormat
+from rdurack.rack.models import ExpertMapping, ModelSpec, WeightFormat
 from rdurack.rack.ops import Block, Op, OpKind, Shape
 from rdurack.rack.routing import expert_load, touched
 
@@ -40,15 +40,17 @@ from rdurack.rack.routing import expert_load, touched
 UPCAST_FLOPS_PER_WEIGHT = 2
 
 
-class ExpertMapping(StrEnum):
-    EXPERT_PARALLEL = "expert-parallel"
-    TENSOR_PARALLEL = "tensor-parallel"
-
-
 def decoder_layer(
-    model: ModelSpec, s: Shape, tp: int, causal: bool, moe: ExpertMapping | None = None
+    model: ModelSpec,
+    s: Shape,
+    tp: int,
+    causal: bool,
+    moe: ExpertMapping | None = None,
+    cold: float = 0.0,
 ) -> Block:
-    """One decoder layer: attention, then the dense MLP (`moe` None) or the MoE block."""
+    """One decoder layer: attention, then the dense MLP (`moe` None) or the MoE block.
+    `cold`: the fraction of the routed experts' weights held in DDR (rack/placement.py);
+    an expert touched there is copied into HBM before it runs."""
     t, b, d = s.tokens, model.bytes_per_param, model.hidden
     act = t * d * b  # one full hidden state
     ops = [Op("attn_norm", OpKind.ELEMENTWISE, 4 * t * d, d * b, act, act)]
@@ -59,7 +61,7 @@ def decoder_layer(
         Op("attn_residual", OpKind.ELEMENTWISE, t * d, 0, 2 * act, act),
         Op("mlp_norm", OpKind.ELEMENTWISE, 4 * t * d, d * b, act, act),
     ]
-    ops += _dense_mlp(model, t, tp) if moe is None else _experts(model, t, tp, moe)
+    ops += _dense_mlp(model, t, tp) if moe is None else _experts(model, t, tp, moe, cold)
     if tp > 1:
         ops.append(Op("mlp_all_reduce", OpKind.ALL_REDUCE, 0, reduce_bytes=act))
     ops.append(Op("mlp_residual", OpKind.ELEMENTWISE, t * d, 0, 2 * act, act))
@@ -94,8 +96,7 @@ def _attention(model: ModelSpec, s: Shape, tp: int, causal: bool) -> list[Op]:
     scores = heads * t * s.context * b
     qkv = _matmul(model, "qkv_proj", t, d, q + 2 * kvd, d * (q + 2 * kvd), t * d * b)
     return [
-        Op(qkv.name, qkv.kind, qkv.flops, qkv.weight_bytes, qkv.act_in_bytes, qkv.act_out_bytes,
-           kv_bytes=t * 2 * kvd * b),  # this step's K, V appended to the cache
+        _with_kv(qkv, t * 2 * kvd * b),  # this step's K, V appended to the cache
         Op("rope", OpKind.ELEMENTWISE, 6 * t * (q + kvd), 0, *(2 * [t * (q + kvd) * b])),
         Op("attn_scores", OpKind.ATTENTION, 2 * t * attended * q, 0, t * q * b, scores,
            kv_bytes=kv_cache),
@@ -157,8 +158,7 @@ def _mla(model: ModelSpec, s: Shape, tp: int, causal: bool) -> list[Op]:
 
 
 def _with_kv(op: Op, kv_bytes: float) -> Op:
-    return Op(op.name, op.kind, op.flops, op.weight_bytes, op.act_in_bytes, op.act_out_bytes,
-              kv_bytes=kv_bytes)  # fmt: skip
+    return replace(op, kv_bytes=kv_bytes)
 
 
 # ------------------------------------------------------------------ MLP and experts
@@ -174,8 +174,9 @@ def _dense_mlp(model: ModelSpec, t: int, tp: int) -> list[Op]:
     ]
 
 
-def _experts(model: ModelSpec, t: int, tp: int, mapping: ExpertMapping) -> list[Op]:
-    """Router, shared experts (split like a dense MLP) and the routed experts."""
+def _experts(model: ModelSpec, t: int, tp: int, mapping: ExpertMapping, cold: float) -> list[Op]:
+    """Router, shared experts (split like a dense MLP) and the routed experts; of those
+    it reads, the `cold` fraction comes from DDR first."""
     moe = model.moe
     assert moe is not None
     b, d, fe = model.bytes_per_param, model.hidden, moe.expert_ffn
@@ -195,24 +196,28 @@ def _experts(model: ModelSpec, t: int, tp: int, mapping: ExpertMapping) -> list[
         experts, pairs, f = load.busiest_experts, load.busiest_assignments, fe
     else:
         experts, pairs, f = touched(moe, t), t * k, fe / tp
-    ops += [
-        # `pairs` (token, expert) rows through the weights of `experts` experts.
-        _matmul(model, "experts_up", pairs, d, 2 * f, experts * d * 2 * f, pairs * d * b),
-        Op("experts_activation", OpKind.ELEMENTWISE, 8 * pairs * f, 0, 2 * pairs * f * b,
-           pairs * f * b),
-        _matmul(model, "experts_down", pairs, f, d, experts * f * d, pairs * f * b),
-    ]  # fmt: skip
+    # `pairs` (token, expert) rows through the weights of `experts` experts.
+    up = _matmul(model, "experts_up", pairs, d, 2 * f, experts * d * 2 * f, pairs * d * b)
+    down = _matmul(model, "experts_down", pairs, f, d, experts * f * d, pairs * f * b)
+    act = Op("experts_activation", OpKind.ELEMENTWISE, 8 * pairs * f, 0, 2 * pairs * f * b,
+             pairs * f * b)  # fmt: skip
+    ops += [_cold(up, cold), act, _cold(down, cold)]
     return ops
 
 
-def expert_mapping(model: ModelSpec, tp: int, asked: ExpertMapping | None) -> ExpertMapping | None:
-    """The mapping of a model's experts over `tp` sockets: `asked`, else expert-parallel
-    where the experts divide evenly over the group, else tensor-parallel. None for a
-    dense model."""
+def _cold(op: Op, cold: float) -> Op:
+    """The op with the `cold` share of its weights copied from DDR before it runs."""
+    return replace(op, ddr_bytes=cold * op.weight_bytes) if cold else op
+
+
+def expert_mapping(model: ModelSpec, tp: int) -> ExpertMapping | None:
+    """The mapping of a model's experts over `tp` sockets: the model's, else
+    expert-parallel where the experts divide evenly over the group, else
+    tensor-parallel. None for a dense model."""
     if model.moe is None:
         return None
-    if asked is not None:
-        return asked
+    if model.moe.mapping is not None:
+        return model.moe.mapping
     if model.moe.routed_experts % tp == 0:
         return ExpertMapping.EXPERT_PARALLEL
     return ExpertMapping.TENSOR_PARALLEL

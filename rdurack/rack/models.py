@@ -39,6 +39,13 @@ class WeightFormat(StrEnum):
         return 1.0 + FP32_BYTES / (FP8_BLOCK * FP8_BLOCK)
 
 
+class ExpertMapping(StrEnum):
+    """How a model's routed experts lie over the sockets of its group (rack/layers.py)."""
+
+    EXPERT_PARALLEL = "expert-parallel"  # whole experts, E / sockets on each
+    TENSOR_PARALLEL = "tensor-parallel"  # every expert's columns split over the group
+
+
 class MoeSpec(Config):
     """Mixture-of-experts layers: every layer from `dense_layers` on replaces its dense
     MLP (of the model's `ffn`) with `routed_experts` gated MLPs of `expert_ffn`, of which
@@ -52,6 +59,9 @@ class MoeSpec(Config):
     dense_layers: int = Field(default=0, ge=0)
     expert_groups: int = Field(default=1, gt=0)
     groups_per_token: int = Field(default=1, gt=0)
+    # A deployment's choice, not the model's: None places the experts expert-parallel
+    # where they divide evenly over the group, else tensor-parallel (`--expert-mapping`).
+    mapping: ExpertMapping | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> MoeSpec:

@@ -38,6 +38,7 @@ class Op:
     act_out_bytes: float = 0.0  # activations written
     kv_bytes: float = 0.0  # KV cache read and written (HBM even when fused)
     reduce_bytes: float = 0.0  # buffer all-reduced over the TP group (ALL_REDUCE only)
+    ddr_bytes: float = 0.0  # weights copied from DDR into HBM before it runs (cold experts)
 
     @property
     def hbm_bytes(self) -> float:
@@ -59,6 +60,10 @@ class Block:
     @property
     def flops(self) -> float:
         return sum(op.flops for op in self.ops)
+
+    @property
+    def ddr_bytes(self) -> float:
+        return sum(op.ddr_bytes for op in self.ops)
 
     def fused_hbm_bytes(self) -> float:
         """HBM traffic when fused: weights, KV cache, block boundary and saved

@@ -1,7 +1,8 @@
 """The timing model: a roofline per kernel, launch overheads, and TP collectives.
 
     unfused operator:  launch_SO + max(FLOPs / (peak x eff_c), bytes / (BW x eff_m))
-    fused block:       launch + fill + max(FLOPs / ..., fused bytes / ..., link bytes / link BW)
+    fused block:       launch + fill + max(FLOPs / ..., fused bytes / ... + DDR copies,
+                                               link bytes / link BW)
                        + latency of its collectives (serial: the next operator needs them)
     kernel-looped:     one HO launch for the whole loop; each iteration lasts
                        max(weight stream, compute + collective latency, link bytes)
@@ -94,6 +95,13 @@ class Timer:
         k = socket.kernels
         self._flops_per_s = socket.peak_flops_per_s * k.compute_efficiency
         self._hbm_per_s = socket.hbm.bandwidth_bytes_per_s * k.memory_efficiency
+        # Cold experts' copies into HBM: each socket at its DDR->HBM rate, the sockets of
+        # a node all copying at once under the node's cap (PAPER Sec. VI-C).
+        in_node = min(len(group), platform.node.sockets)
+        self._ddr_per_s = min(
+            socket.ddr_to_hbm_bandwidth_bytes_per_s,
+            platform.node.ddr_to_hbm_node_bandwidth_bytes_per_s / in_node,
+        )
         self._sram_capacity = socket.sram.capacity_bytes
         self._launch_so = k.launch_so_ns * NS
         self._launch_ho = None if k.launch_ho_ns is None else k.launch_ho_ns * NS
@@ -124,7 +132,8 @@ class Timer:
         """An operator as its own kernel (unfused)."""
         if op.kind is OpKind.ALL_REDUCE:
             return self._launch_so + self.all_reduce(op.reduce_bytes).total_s
-        return self._launch_so + self.roofline_s(op.flops, op.hbm_bytes)
+        copy = op.ddr_bytes / self._ddr_per_s  # before it runs: it needs those weights
+        return self._launch_so + copy + self.roofline_s(op.flops, op.hbm_bytes)
 
     def _fused_parts(self, block: Block) -> tuple[float, float, float, float]:
         """(compute s, memory s, collective latency s, collective bandwidth s)."""
@@ -136,7 +145,7 @@ class Timer:
                 bandwidth += cost.bandwidth_s
         return (
             block.flops / self._flops_per_s,
-            block.fused_hbm_bytes() / self._hbm_per_s,
+            block.fused_hbm_bytes() / self._hbm_per_s + block.ddr_bytes / self._ddr_per_s,
             latency,
             bandwidth,
         )

@@ -13,10 +13,12 @@ from functools import lru_cache
 from math import ceil
 from typing import Any
 
-from rdurack.errors import InvalidRequest, OutOfMemory
+from rdurack.errors import InvalidRequest
 from rdurack.rack.calibration import fitted_values
 from rdurack.rack.kernels import FusionPlan, Phase, step
+from rdurack.rack.layers import expert_mapping
 from rdurack.rack.models import ModelSpec
+from rdurack.rack.placement import Placement, place
 from rdurack.rack.spec import PlatformSpec
 from rdurack.rack.timing import CollectiveCosts, StepTiming, Timer, tp_group
 
@@ -50,7 +52,11 @@ class Predictor:
     def _step_uncached(
         self, model: ModelSpec, phase: Phase, plan: FusionPlan, batch: int, seq: int, sockets: int
     ) -> StepTiming:
-        return self.timer(sockets).step(step(model, phase, batch, seq, sockets), plan)
+        cold = 0.0
+        if model.moe is not None:  # which experts are in DDR at this KV cache
+            cold = place(model, self.platform, sockets, batch * seq).cold_experts
+        s = step(model, phase, batch, seq, sockets, cold_experts=cold)
+        return self.timer(sockets).step(s, plan)
 
     def step(
         self, model: ModelSpec, phase: Phase, plan: FusionPlan, batch: int, seq: int, sockets: int
@@ -87,18 +93,10 @@ class Predictor:
 
     def check_fits_hbm(
         self, model: ModelSpec, sockets: int, kv_tokens: int, extra: int = 0
-    ) -> None:
-        """Weights split over `sockets` plus the KV cache must fit in each socket's HBM."""
-        need = (
-            ceil(model.weight_bytes / sockets)
-            + ceil(kv_tokens * model.kv_bytes_per_token() / sockets)
-            + extra
-        )
-        cap = self.platform.socket.hbm.capacity_bytes
-        if need > cap:
-            raise OutOfMemory(
-                f"{self.platform.name} socket", "hbm", need, cap, what=f"{model.name} on {sockets}"
-            )
+    ) -> Placement:
+        """Weights split over `sockets` plus the KV cache must fit in each socket's HBM
+        (an MoE model's routed experts may stay in DDR: rack/placement.py)."""
+        return place(model, self.platform, sockets, kv_tokens, extra)
 
 
 # ------------------------------------------------------------------ fusion
@@ -171,6 +169,8 @@ class DecodeResult(Result):
     tokens_per_s_per_user: float
     tokens_per_s: float
     hbm_bandwidth_utilization: float
+    expert_mapping: str | None  # an MoE model's (rack/layers.py); None for a dense one
+    placement: dict[str, float]  # bytes per socket by tier (rack/placement.py)
 
 
 def predict_decode(
@@ -186,8 +186,9 @@ def predict_decode(
     if plan is None:
         dataflow = p.platform.socket.kernels.dataflow_fusion
         plan = FusionPlan.KERNEL_LOOPED if dataflow else FusionPlan.UNFUSED
-    p.check_fits_hbm(model, n, batch * context)
+    placement = p.check_fits_hbm(model, n, batch * context)
     t = p.step(model, Phase.DECODE, plan, batch, context, n)
+    mapping = expert_mapping(model, n)
     peak = p.platform.socket.hbm.bandwidth_bytes_per_s
     return DecodeResult(
         platform=p.platform.name,
@@ -200,6 +201,8 @@ def predict_decode(
         tokens_per_s_per_user=1.0 / t.total_s,
         tokens_per_s=batch / t.total_s,
         hbm_bandwidth_utilization=t.hbm_bytes / (t.total_s * peak),
+        expert_mapping=None if mapping is None else mapping.value,
+        placement=placement.to_dict(),
     )
 
 

@@ -138,7 +138,12 @@ def test_figures_are_consistent(name: str) -> None:
     m = MODELS["llama3.1-8b"]
     assert d.kv_cache_bytes == 16 * (512 + 256) * m.kv_bytes_per_token()
     sockets = platform(name).sockets
-    assert d.hbm_bytes_per_socket == -(-m.weight_bytes // sockets) + -(-d.kv_cache_bytes // sockets)
+    # The KV cache and the K and V projections split by KV head (8): a 16-socket group
+    # holds two copies of each.
+    shards = min(sockets, m.kv_heads)
+    kv_proj = m.layers * 2 * m.hidden * m.kv_dim * m.bytes_per_param
+    weights = (m.weight_bytes - kv_proj) / sockets + kv_proj / shards
+    assert d.hbm_bytes_per_socket == math.ceil(weights) + -(-d.kv_cache_bytes // shards)
     assert r.num_sockets == sockets and r.speculative is None
     plans = (r.plan, r.prefill_plan)
     dataflow = platform(name).socket.kernels.dataflow_fusion

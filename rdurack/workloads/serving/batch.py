@@ -16,6 +16,7 @@ from math import ceil
 from rdurack.errors import InvalidRequest, OutOfMemory, UnknownName
 from rdurack.rack.kernels import FusionPlan, Phase, step
 from rdurack.rack.models import ModelSpec
+from rdurack.rack.placement import Placement, place
 from rdurack.rack.spec import PlatformSpec
 from rdurack.workloads.serving.speculative import SpeculativeSetting
 
@@ -85,13 +86,21 @@ class ServeBatch:
         """The KV caches at the end, every model, all sockets together."""
         return sum(self.kv_tokens() * m.kv_bytes_per_token() for m in self.models)
 
+    def placements(self) -> list[Placement]:
+        """Each model's placement at the end of the batch (rack/placement.py), in the
+        order of `models`; the socket actors hold exactly these. A draft's HBM comes
+        first: an MoE target's experts fill what is left. Over HBM, they are returned
+        all the same: `resolve` refuses them, with the batch's numbers."""
+        kv, s = self.kv_tokens(), self.sockets
+        if self.draft is None:
+            return [place(self.target, self.platform, s, kv, strict=False)]
+        draft = place(self.draft, self.platform, s, kv, strict=False)
+        return [place(self.target, self.platform, s, kv, draft.hbm_bytes, strict=False), draft]
+
     def held_per_socket(self) -> int:
         """HBM a socket holds at the end: its share of every model's weights and KV
         cache, rounded up as the socket actors allocate them (node_agent/job_memory.py)."""
-        s, kv = self.sockets, self.kv_tokens()
-        return sum(
-            -(-m.weight_bytes // s) + -(-kv * m.kv_bytes_per_token() // s) for m in self.models
-        )
+        return sum(p.hbm_bytes for p in self.placements())
 
 
 def resolve(

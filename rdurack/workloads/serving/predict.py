@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from rdurack.errors import InvalidRequest
+from rdurack.rack.layers import expert_mapping
 from rdurack.rack.models import ModelSpec
 from rdurack.workloads.predictor import DecodeResult, Predictor
 from rdurack.workloads.serving.batch import ServeRequest, resolve
@@ -47,6 +48,7 @@ def predict_speculative_decode(
     b = resolve(replace(request, prompt_tokens=context - 1, output_tokens=1), p.platform, models)
     assert b.draft is not None  # resolve gives a speculative request its draft
     cost = iteration_cost(p, b, context - 1)
+    mapping = expert_mapping(b.target, b.sockets)
     per_token = cost.seconds / b.tokens_per_iteration
     return SpeculativeDecodeResult(
         platform=p.platform.name,
@@ -60,6 +62,8 @@ def predict_speculative_decode(
         tokens_per_s=request.batch_size / per_token,
         hbm_bandwidth_utilization=cost.hbm_bytes
         / (cost.seconds * p.platform.socket.hbm.bandwidth_bytes_per_s),
+        expert_mapping=None if mapping is None else mapping.value,
+        placement=b.placements()[0].to_dict(),  # the target's
         draft_model=b.draft.name,
         draft_tokens=b.draft_tokens,
         acceptance=spec.acceptance,
