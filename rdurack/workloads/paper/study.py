@@ -16,6 +16,7 @@ from rdurack.rack.kernels import FusionPlan, Phase, step
 from rdurack.rack.models import ModelSpec, builtin_models
 from rdurack.rack.presets import builtin_platforms
 from rdurack.rack.timing import CollectiveCosts
+from rdurack.workloads.paper.deepseek import deepseek_r1
 from rdurack.workloads.paper.figure import Figure
 from rdurack.workloads.paper.table_iv import table_iv
 from rdurack.workloads.paper.table_v import TABLE_V_DECODE_PLAN, TableV
@@ -73,6 +74,7 @@ class PaperStudy:
             self._rack_totals,
             self.table_v.figures,
             self._table_iv,
+            lambda: deepseek_r1(self.predictors["sn40l-rack16"], self.models),
             self._footprint,
             self._fusion,
             self._kernel_looping,
