@@ -27,7 +27,7 @@ import typer
 from rdurack.client.connection import DEFAULT_ADDRESS, Target, one_line_errors
 from rdurack.errors import InvalidRequest
 from rdurack.rack.kernels import FusionPlan
-from rdurack.rack.models import ExpertMapping
+from rdurack.rack.models import ExpertMapping, WeightFormat
 from rdurack.security.tls import ENV_CA, ENV_SERVER_NAME
 from rdurack.workloads.serving.speculative import (
     DRAFT_MODELS,
@@ -205,5 +205,12 @@ ExpertMappingOpt = Annotated[
     typer.Option(
         help="an MoE model's experts: whole on each socket (expert-parallel) or split over "
         "every socket (tensor-parallel); default: expert-parallel where they divide evenly"
+    ),
+]
+WeightFormatOpt = Annotated[
+    WeightFormat | None,
+    typer.Option(
+        help="how the layers' matrices are stored: native (BF16) or fp8-block128 (FP8 with "
+        "block scales); default: as the model publishes them"
     ),
 ]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -25,11 +25,13 @@ from rdurack.cli.options import (
     SeqOpt,
     ServePlanOpt,
     SpecOpt,
+    WeightFormatOpt,
 )
 from rdurack.cli.views import emit
 from rdurack.errors import InvalidRequest, UnknownName
 from rdurack.rack.kernels import FusionPlan, Phase
-from rdurack.rack.models import ExpertMapping, ModelSpec, builtin_models
+from rdurack.rack.models import ExpertMapping, ModelSpec, WeightFormat, builtin_models
+from rdurack.rack.placement import capacity
 from rdurack.rack.whatif import load_platform
 from rdurack.workloads.predictor import (
     CoeSetting,
@@ -53,16 +55,22 @@ def _model(name: str) -> ModelSpec:
     return models[name]
 
 
-def _models(name: str, mapping: ExpertMapping | None) -> dict[str, ModelSpec]:
+def _models(
+    name: str, mapping: ExpertMapping | None, weights: WeightFormat | None = None
+) -> dict[str, ModelSpec]:
     """The presets, with model `name`'s experts placed as `mapping` says (None: the
-    default, rack/layers.py `expert_mapping`)."""
+    default, rack/layers.py `expert_mapping`) and its weights stored as `weights` says
+    (None: as published)."""
     models = builtin_models()
     chosen = _model(name)
     if mapping is not None:
         if chosen.moe is None:
             raise InvalidRequest(f"{name} has no experts: --expert-mapping is for MoE models")
         moe = chosen.moe.model_copy(update={"mapping": mapping})
-        models[name] = chosen.model_copy(update={"moe": moe})
+        chosen = chosen.model_copy(update={"moe": moe})
+    if weights is not None:
+        chosen = chosen.model_copy(update={"weight_format": weights})
+    models[name] = chosen
     return models
 
 
@@ -102,20 +110,98 @@ def predict_decode_cmd(
     ] = None,
     speculative: SpeculativeSetting | None = None,
     expert_mapping: ExpertMappingOpt = None,
+    weight_format: WeightFormatOpt = None,
+    batch_sizes: Annotated[
+        str | None,
+        typer.Option(
+            help="a study instead of one answer: comma-separated batch sizes, a row each, "
+            "and how many sequences fit"
+        ),
+    ] = None,
     spec: SpecOpt = None,
     as_json: JsonOpt = False,
+    markdown: MarkdownOpt = False,
 ) -> None:
     """Steady-state decode throughput of a model on a platform, and where its weights
     and KV cache live on each socket. With --speculative, step_s is a draft-and-verify
     iteration's time over the tokens it yields."""
     p = Predictor(load_platform(platform, spec))
-    models = _models(model, expert_mapping)
+    models = _models(model, expert_mapping, weight_format)
+    if batch_sizes is not None:
+        if speculative is not None:
+            raise InvalidRequest("--batch-sizes studies plain decoding: drop --speculative")
+        sizes = _sizes(batch_sizes)
+        _decode_study(p, models[model], sizes, sockets, context, plan, as_json, markdown)
+        return
     if speculative is None:
         r = predict_decode(p, models[model], batch_size, sockets, context, plan)
     else:
         request = ServeRequest(model, batch_size, context, 1, sockets, plan, speculative)
         r = predict_speculative_decode(p, request, context, models)
     emit(as_json, r.to_dict(), f"decode: {model} on {platform}")
+
+
+def _sizes(text: str) -> list[int]:
+    try:
+        sizes = [int(x) for x in text.split(",")]
+    except ValueError:
+        sizes = []
+    if not sizes or min(sizes) < 1:
+        raise InvalidRequest(f"--batch-sizes: positive integers separated by commas, got {text!r}")
+    return sizes
+
+
+STUDY = (  # column, DecodeResult field (placement's nested), format
+    ("batch", "batch", "{:d}"),
+    ("tokens/s per user", "tokens_per_s_per_user", "{:.1f}"),
+    ("tokens/s", "tokens_per_s", "{:.0f}"),
+    ("HBM bandwidth used", "hbm_bandwidth_utilization", "{:.0%}"),
+    ("experts in DDR", "placement.cold_experts", "{:.0%}"),
+    ("KV cache per socket (GB)", "placement.kv_hbm_bytes", "{:.1f}"),
+)
+
+
+def _decode_study(
+    p: Predictor,
+    model: ModelSpec,
+    sizes: list[int],
+    sockets: int | None,
+    context: int,
+    plan: FusionPlan | None,
+    as_json: bool,
+    markdown: bool,
+) -> None:
+    """Decode at each batch size, and the group's capacity at this context."""
+    n = p.platform.sockets if sockets is None else sockets
+    rows = [predict_decode(p, model, b, n, context, plan).to_dict() for b in sizes]
+    cap = capacity(model, p.platform, n, context)
+    if as_json:
+        print(json.dumps({"rows": rows, "capacity": asdict(cap)}))
+        return
+
+    def cell(row: dict[str, Any], key: str, form: str) -> str:
+        value = row["placement"][key[10:]] if key.startswith("placement.") else row[key]
+        return form.format(value / 1e9 if key.endswith("_bytes") else value)
+
+    cells = [[cell(r, key, form) for _, key, form in STUDY] for r in rows]
+    caption = (
+        f"{model.name} on {n} {p.platform.name} sockets at {context} tokens of context: "
+        f"{cap.max_batch_experts_in_hbm} sequences with every expert in HBM, "
+        f"{cap.max_batch} at most"
+    )
+    if markdown:
+        print("| " + " | ".join(c for c, _, _ in STUDY) + " |")
+        print("|" + "---|" * len(STUDY))
+        for line in cells:
+            print("| " + " | ".join(line) + " |")
+        print(f"\n{caption}.")
+        return
+    table = Table(title=caption)
+    for column, _, _ in STUDY:
+        table.add_column(column, justify="right")
+    for line in cells:
+        table.add_row(*line)
+    Console().print(table)
 
 
 def predict_serve_cmd(
@@ -128,6 +214,7 @@ def predict_serve_cmd(
     plan: ServePlanOpt = None,
     speculative: SpeculativeSetting | None = None,
     expert_mapping: ExpertMappingOpt = None,
+    weight_format: WeightFormatOpt = None,
     spec: SpecOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -141,7 +228,7 @@ def predict_serve_cmd(
     request = ServeRequest(
         model, batch_size, prompt_tokens, output_tokens, sockets, plan, speculative
     )
-    models = _models(model, expert_mapping)
+    models = _models(model, expert_mapping, weight_format)
     r = predict_serve(Predictor(load_platform(platform, spec)), request, models)
     emit(as_json, r.model_dump(mode="json"), f"serve: {model} on {platform}")
 

@@ -17,6 +17,7 @@ refused with the numbers of the tier that is short.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from math import ceil
 
@@ -117,3 +118,40 @@ def place(
         kv_hbm_bytes=kv,
         cold_experts=cold / experts if experts else 0.0,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class Capacity:
+    """The most sequences of `context` tokens each a group serves at once."""
+
+    context: int
+    max_batch: int  # what fits at all (0: not even one)
+    max_batch_experts_in_hbm: int  # with every routed expert still in HBM
+
+
+def capacity(model: ModelSpec, platform: PlatformSpec, sockets: int, context: int) -> Capacity:
+    """Search the batch at which the KV cache first pushes experts out of HBM, and at
+    which it no longer fits beside what must be there."""
+
+    def fits(batch: int, warm: bool) -> bool:
+        try:
+            p = place(model, platform, sockets, batch * context)
+        except OutOfMemory:
+            return False
+        return p.cold_experts == 0 if warm else True
+
+    return Capacity(context, _largest(lambda b: fits(b, False)), _largest(lambda b: fits(b, True)))
+
+
+def _largest(ok: Callable[[int], bool]) -> int:
+    """The largest n >= 0 with ok(n), for ok true up to some n and false after."""
+    if not ok(1):
+        return 0
+    hi = 1
+    while ok(hi * 2):
+        hi *= 2
+    lo, hi = hi, hi * 2  # ok(lo), not ok(hi)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if ok(mid) else (lo, mid)
+    return lo

@@ -15,7 +15,7 @@ from typing import Any
 
 from rdurack.errors import InvalidRequest
 from rdurack.rack.calibration import fitted_values
-from rdurack.rack.kernels import FusionPlan, Phase, step
+from rdurack.rack.kernels import FusionPlan, Phase, Step, step
 from rdurack.rack.layers import expert_mapping
 from rdurack.rack.models import ModelSpec
 from rdurack.rack.placement import Placement, place
@@ -171,6 +171,46 @@ class DecodeResult(Result):
     hbm_bandwidth_utilization: float
     expert_mapping: str | None  # an MoE model's (rack/layers.py); None for a dense one
     placement: dict[str, float]  # bytes per socket by tier (rack/placement.py)
+    # One step on one socket: the bytes each part of the model reads from HBM (weights;
+    # the KV cache apart) and copies from DDR, and the time launches and exposed
+    # collectives take.
+    breakdown: dict[str, float]
+
+
+# What a decode step reads, by part of the model: operator names (rack/layers.py).
+PARTS = {
+    "attention": {"qkv_proj", "q_down", "q_up", "kv_down", "q_absorb", "v_absorb", "kv_up",
+                  "o_proj"},
+    "dense_mlp": {"up_proj", "down_proj"},
+    "router": {"router"},
+    "shared_experts": {"shared_up", "shared_down"},
+    "routed_experts": {"experts_up", "experts_down"},
+    "embedding_and_head": {"embed", "lm_head"},
+}  # fmt: skip
+
+
+def step_breakdown(model: ModelSpec, t: StepTiming, s: Step) -> dict[str, float]:
+    """Per socket, per step: `<part>_bytes` of weights each part reads, the KV cache
+    read and written, other bytes (norms, activations between kernels), DDR copies,
+    and the launch and exposed collective seconds."""
+    parts = dict.fromkeys(PARTS, 0.0)
+    kv = ddr = 0.0
+    for block, n in s.blocks:
+        for op in block.ops:
+            part = next((k for k, names in PARTS.items() if op.name in names), None)
+            if part is not None:
+                parts[part] += n * op.weight_bytes
+            kv += n * op.kv_bytes
+            ddr += n * op.ddr_bytes
+    weights = sum(parts.values())
+    return {
+        **{f"{k}_bytes": v for k, v in parts.items()},
+        "kv_cache_bytes": kv,
+        "other_hbm_bytes": max(0.0, t.hbm_bytes - weights - kv),
+        "ddr_copy_bytes": ddr,
+        "launch_s": t.launch_s,
+        "collective_s": t.collective_s,
+    }
 
 
 def predict_decode(
@@ -189,6 +229,7 @@ def predict_decode(
     placement = p.check_fits_hbm(model, n, batch * context)
     t = p.step(model, Phase.DECODE, plan, batch, context, n)
     mapping = expert_mapping(model, n)
+    shape = step(model, Phase.DECODE, batch, context, n, cold_experts=placement.cold_experts)
     peak = p.platform.socket.hbm.bandwidth_bytes_per_s
     return DecodeResult(
         platform=p.platform.name,
@@ -203,6 +244,7 @@ def predict_decode(
         hbm_bandwidth_utilization=t.hbm_bytes / (t.total_s * peak),
         expert_mapping=None if mapping is None else mapping.value,
         placement=placement.to_dict(),
+        breakdown=step_breakdown(model, t, shape),
     )
 
 

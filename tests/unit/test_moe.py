@@ -189,3 +189,32 @@ def test_expert_mapping_of_a_dense_model_is_refused() -> None:
                "--expert-mapping", "tensor-parallel")  # fmt: skip
     assert done.returncode == 2 and "has no experts" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_a_decode_steps_breakdown_adds_up_to_what_it_moves() -> None:
+    r = predict_decode(Predictor(RACK), R1, 1, 16, 1024)
+    b = r.breakdown
+    parts = [k for k in b if k.endswith("_bytes") and k != "ddr_copy_bytes"]
+    moved = r.hbm_bandwidth_utilization * r.step_s * RACK.socket.hbm.bandwidth_bytes_per_s
+    assert sum(b[k] for k in parts) == pytest.approx(moved)
+    # At batch 1 the busiest socket's routed experts are most of what a step reads.
+    assert b["routed_experts_bytes"] > 0.6 * moved
+    assert b["dense_mlp_bytes"] > 0 and b["router_bytes"] > 0 and b["ddr_copy_bytes"] == 0
+
+
+def test_a_batch_size_study_lists_rows_and_the_groups_capacity() -> None:
+    d = rdu_json(
+        "predict", "decode", "--platform", "sn40l-rack16", "--model", "deepseek-r1",
+        "--context", "2048", "--batch-sizes", "1,8,256",
+    )  # fmt: skip
+    assert [r["batch"] for r in d["rows"]] == [1, 8, 256]
+    per_user = [r["tokens_per_s_per_user"] for r in d["rows"]]
+    assert per_user == sorted(per_user, reverse=True)
+    cap = d["capacity"]
+    # The whole latent cache on every socket: at 2,048 tokens, 144 users keep every
+    # expert in HBM; past that experts go to DDR, and 256 users push 39% of them there.
+    assert cap["max_batch_experts_in_hbm"] < 256 < cap["max_batch"]
+    assert d["rows"][2]["placement"]["cold_experts"] > 0.3
+    done = rdu("predict", "decode", "--platform", "sn40l-rack16", "--model", "deepseek-r1",
+               "--batch-sizes", "0,8")  # fmt: skip
+    assert done.returncode == 2 and "positive integers" in done.stderr

@@ -83,7 +83,8 @@ class ServeBatch:
         return r.batch_size * (r.prompt_tokens + r.output_tokens + self.draft_tokens)
 
     def kv_cache_bytes(self) -> int:
-        """The KV caches at the end, every model, all sockets together."""
+        """The KV caches at the end, every model, as one logical cache each (a socket
+        may hold a copy of a part another holds: rack/placement.py)."""
         return sum(self.kv_tokens() * m.kv_bytes_per_token() for m in self.models)
 
     def placements(self) -> list[Placement]:
