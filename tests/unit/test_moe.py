@@ -6,12 +6,14 @@ from __future__ import annotations
 import pytest
 
 from rdurack.errors import InvalidRequest, OutOfMemory
+from rdurack.node_agent.socket import Socket
 from rdurack.rack.kernels import FusionPlan, Phase, step
 from rdurack.rack.layers import UPCAST_FLOPS_PER_WEIGHT, expert_mapping
 from rdurack.rack.models import ExpertMapping, ModelSpec, MoeSpec, WeightFormat, model
 from rdurack.rack.placement import place, routed_expert_bytes
 from rdurack.rack.presets import platform
 from rdurack.rack.routing import expert_load, touched
+from rdurack.rack.spec import Tier
 from rdurack.workloads.predictor import Predictor, predict_decode
 from tests.support.cli import rdu, rdu_json
 
@@ -218,3 +220,20 @@ def test_a_batch_size_study_lists_rows_and_the_groups_capacity() -> None:
     done = rdu("predict", "decode", "--platform", "sn40l-rack16", "--model", "deepseek-r1",
                "--batch-sizes", "0,8")  # fmt: skip
     assert done.returncode == 2 and "positive integers" in done.stderr
+
+
+def test_a_socket_holds_its_placement_by_tier() -> None:
+    """What `rdu status` shows of a socket running an MoE kernel: weights and KV cache in
+    HBM, the experts beyond it in DDR, as rack/placement.py places them."""
+    s = Socket("rdu-n0-s0", RACK)
+    try:
+        s.reserve("moe-job")
+        run = s.run_kernel("moe-job", R1, Phase.DECODE, FusionPlan.KERNEL_LOOPED, 1, 1024, 1)
+        p = place(R1, RACK, 1, 1024)
+        tiers = s.memory.snapshot().tiers
+        assert tiers[Tier.HBM].used_bytes == p.hbm_bytes
+        assert tiers[Tier.DDR].used_bytes == p.experts_ddr_bytes > 0
+        step = Predictor(RACK).step(R1, Phase.DECODE, FusionPlan.KERNEL_LOOPED, 1, 1024, 1)
+        assert run.end_ns - run.start_ns == pytest.approx(step.total_s * 1e9, abs=2)
+    finally:
+        s.close()
