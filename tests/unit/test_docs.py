@@ -9,6 +9,11 @@ import pytest
 from rdurack.devtools.docs import DOCS, blocks, run
 
 FIGURES = DOCS / "figures.md"
+GENERATED = [
+    (page.name, command)
+    for page in sorted(DOCS.glob("*.md"))
+    for command in sorted(blocks(page.read_text()))
+]
 
 
 def test_figures_md_has_its_generated_tables() -> None:
@@ -19,10 +24,10 @@ def test_figures_md_has_its_generated_tables() -> None:
     }
 
 
-@pytest.mark.parametrize("command", sorted(blocks(FIGURES.read_text())))
-def test_generated_table_is_up_to_date(command: str) -> None:
-    assert blocks(FIGURES.read_text())[command] == run(command), (
-        f"docs/figures.md is stale: regenerate its blocks with `make docs` ({command})"
+@pytest.mark.parametrize(("page", "command"), GENERATED, ids=[f"{p}: {c}" for p, c in GENERATED])
+def test_generated_table_is_up_to_date(page: str, command: str) -> None:
+    assert blocks((DOCS / page).read_text())[command] == run(command), (
+        f"docs/{page} is stale: regenerate its blocks with `make docs` ({command})"
     )
 
 
