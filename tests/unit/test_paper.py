@@ -25,9 +25,11 @@ def test_every_figure_but_the_documented_misses_is_reproduced() -> None:
     figures = record.with_left_out(PaperStudy().figures(), record.read())
     missed = {f.key for f in figures if not f.ok}
     assert missed == KNOWN_MISSES
-    # Left out of the fit, the fitted figures the fit meets stay within 20%.
+    # Left out of the fit, the fitted figures the fit meets stay within 20%, but Table
+    # IV's 8B row: the only plain figure on two nodes, so the only one that pins the
+    # inter-node latency (docs/figures.md, "Misses").
     left_out_missed = {f.key for f in figures if f.left_out_ok is False}
-    assert left_out_missed <= KNOWN_MISSES
+    assert left_out_missed == KNOWN_MISSES - {"kl_gflops_per_token"} | {"table_iv_llama3_1_8b"}
 
 
 def test_figure_keys_are_unique_and_sourced() -> None:
