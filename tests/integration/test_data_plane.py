@@ -181,8 +181,9 @@ def test_an_allocation_that_does_not_fit_is_resource_exhausted(
         )
     assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     message = err.value.details() or ""
-    weights = model("llama3.1-405b").weight_bytes
-    assert f"HBM cannot hold {weights:,} bytes" in message  # tier and bytes asked
+    m = model("llama3.1-405b")
+    asked = m.weight_bytes + 1024 * m.kv_bytes_per_token()  # its weights and KV cache
+    assert f"HBM cannot hold {asked:,} bytes for llama3.1-405b on 1" in message
     assert "64,000,000,000 bytes free" in message
 
 

@@ -94,7 +94,9 @@ def test_on_a_mesh_every_link_works_at_once() -> None:
     one_shot = all_reduce(TOPO, NODE0, nbytes, Algorithm.DIRECT)
     assert one_shot.bandwidth_s == pytest.approx(nbytes / INTRA.bandwidth_bytes_per_s)
     two = all_reduce(TOPO, NODE0, nbytes, Algorithm.TWO_SHOT)
-    assert two.bandwidth_s == pytest.approx(2 * nbytes / 8 / INTRA.bandwidth_bytes_per_s)
+    assert two.bandwidth_s == pytest.approx(
+        2 * nbytes / 8 / INTRA.bandwidth_bytes_per_s, abs=steps(2)
+    )
     assert all_reduce(TOPO, NODE0, nbytes).total_s == pytest.approx(two.total_s)
     assert two.total_s < one_shot.total_s < all_reduce(TOPO, NODE0, nbytes, Algorithm.RING).total_s
 
@@ -128,7 +130,7 @@ def test_broadcast_and_all_gather() -> None:
     )
     g = all_gather(TOPO, NODE0, nbytes)
     assert g.total_s == pytest.approx(
-        7 * (INTRA.latency_ns * 1e-9 + nbytes / INTRA.bandwidth_bytes_per_s)
+        7 * (INTRA.latency_ns * 1e-9 + nbytes / INTRA.bandwidth_bytes_per_s), abs=steps(7)
     )
     with pytest.raises(InvalidRequest, match="root"):
         broadcast(TOPO, NODE0, SocketId(1, 0), nbytes)
