@@ -50,18 +50,40 @@ class Predictor:
         return self._timers[sockets]
 
     def _step_uncached(
-        self, model: ModelSpec, phase: Phase, plan: FusionPlan, batch: int, seq: int, sockets: int
+        self,
+        model: ModelSpec,
+        phase: Phase,
+        plan: FusionPlan,
+        batch: int,
+        seq: int,
+        sockets: int,
+        cold: float | None,
     ) -> StepTiming:
-        cold = 0.0
-        if model.moe is not None:  # which experts are in DDR at this KV cache
-            cold = place(model, self.platform, sockets, batch * seq).cold_experts
+        if cold is None:
+            cold = self.cold_experts(model, sockets, batch * seq)
         s = step(model, phase, batch, seq, sockets, cold_experts=cold)
         return self.timer(sockets).step(s, plan)
 
+    def cold_experts(self, model: ModelSpec, sockets: int, kv_tokens: int) -> float:
+        """The share of an MoE model's routed experts in DDR beside a KV cache of
+        `kv_tokens` tokens (rack/placement.py); 0 for a dense model."""
+        if model.moe is None:
+            return 0.0
+        return place(model, self.platform, sockets, kv_tokens).cold_experts
+
     def step(
-        self, model: ModelSpec, phase: Phase, plan: FusionPlan, batch: int, seq: int, sockets: int
+        self,
+        model: ModelSpec,
+        phase: Phase,
+        plan: FusionPlan,
+        batch: int,
+        seq: int,
+        sockets: int,
+        cold: float | None = None,
     ) -> StepTiming:
-        return self._step(model, phase, plan, batch, seq, sockets)
+        """One step; `cold`: the share of the routed experts in DDR (default: as this
+        step's own KV cache leaves them; a serve batch passes its final placement's)."""
+        return self._step(model, phase, plan, batch, seq, sockets, cold)
 
     @property
     def invocation_s(self) -> float:

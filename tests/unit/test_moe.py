@@ -9,12 +9,21 @@ from rdurack.errors import InvalidRequest, OutOfMemory
 from rdurack.node_agent.socket import Socket
 from rdurack.rack.kernels import FusionPlan, Phase, step
 from rdurack.rack.layers import UPCAST_FLOPS_PER_WEIGHT, expert_mapping
-from rdurack.rack.models import ExpertMapping, ModelSpec, MoeSpec, WeightFormat, model
+from rdurack.rack.models import (
+    ExpertMapping,
+    ModelSpec,
+    MoeSpec,
+    WeightFormat,
+    builtin_models,
+    model,
+)
 from rdurack.rack.placement import place, routed_expert_bytes
 from rdurack.rack.presets import platform
 from rdurack.rack.routing import expert_load, touched
 from rdurack.rack.spec import Tier
 from rdurack.workloads.predictor import Predictor, predict_decode
+from rdurack.workloads.serving.batch import ServeRequest, resolve
+from rdurack.workloads.serving.costs import Cost, iteration_cost
 from tests.support.cli import rdu, rdu_json
 
 R1 = model("deepseek-r1")
@@ -237,3 +246,16 @@ def test_a_socket_holds_its_placement_by_tier() -> None:
         assert run.end_ns - run.start_ns == pytest.approx(step.total_s * 1e9, abs=2)
     finally:
         s.close()
+
+
+def test_a_serve_batch_prices_every_step_with_its_final_placement() -> None:
+    """The sockets hold the batch's placement at its final KV cache from the start, so
+    every decode step copies in the experts that placement leaves in DDR."""
+    p = Predictor(RACK)
+    b = resolve(ServeRequest("deepseek-r1", 256, 1024, 1024), RACK, builtin_models())
+    (cold,) = b.cold_experts()
+    assert cold > 0.3  # 256 x 2048 tokens of latent on every socket
+    now = p.step(R1, Phase.DECODE, b.plan, 256, 1501, 16)  # as this step's cache leaves them
+    final = p.step(R1, Phase.DECODE, b.plan, 256, 1501, 16, cold)
+    assert iteration_cost(p, b, 1500) == Cost.of(final)
+    assert final.total_s > now.total_s

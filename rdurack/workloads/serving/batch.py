@@ -98,6 +98,11 @@ class ServeBatch:
         draft = place(self.draft, self.platform, s, kv, strict=False)
         return [place(self.target, self.platform, s, kv, draft.hbm_bytes, strict=False), draft]
 
+    def cold_experts(self) -> list[float]:
+        """Each model's share of routed experts in DDR (0 for a dense one), in the order
+        of `models`."""
+        return [p.cold_experts for p in self.placements()]
+
     def held_per_socket(self) -> int:
         """HBM a socket holds at the end: its share of every model's weights and KV
         cache, rounded up as the socket actors allocate them (node_agent/job_memory.py)."""

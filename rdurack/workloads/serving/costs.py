@@ -58,8 +58,10 @@ def prefill_cost(p: Predictor, b: ServeBatch) -> Cost:
     counted with the launches)."""
     r = b.request
     cost = Cost()
-    for m in b.models:
-        timing = p.step(m, Phase.PREFILL, b.prefill_plan, r.batch_size, r.prompt_tokens, b.sockets)
+    for m, cold in zip(b.models, b.cold_experts(), strict=True):
+        timing = p.step(
+            m, Phase.PREFILL, b.prefill_plan, r.batch_size, r.prompt_tokens, b.sockets, cold
+        )
         cost += Cost.of(timing) + Cost(seconds=p.invocation_s, launch_s=p.invocation_s)
     return cost
 
@@ -68,13 +70,19 @@ def iteration_cost(p: Predictor, b: ServeBatch, base: int) -> Cost:
     """One decode iteration from `base` tokens of context: a plain step attending to
     base + 1 tokens, or k draft steps and a verification pass of k + 1 new tokens."""
     batch, k = b.request.batch_size, b.draft_tokens
+    # The experts in DDR are those of the batch's placement, as its sockets hold it.
+    cold, *draft_cold = b.cold_experts()
     if b.draft is None:
-        return Cost.of(p.step(b.target, Phase.DECODE, b.plan, batch, base + 1, b.sockets))
+        return Cost.of(p.step(b.target, Phase.DECODE, b.plan, batch, base + 1, b.sockets, cold))
     # Predictor.step prices one new token per sequence; the verification pass has k + 1.
-    verify = step(b.target, Phase.DECODE, batch, base + k + 1, b.sockets, new_tokens=k + 1)
+    verify = step(
+        b.target, Phase.DECODE, batch, base + k + 1, b.sockets, new_tokens=k + 1, cold_experts=cold
+    )
     cost = Cost.of(p.timer(b.sockets).step(verify, b.plan))
     for j in range(1, k + 1):
-        cost += Cost.of(p.step(b.draft, Phase.DECODE, b.plan, batch, base + j, b.sockets))
+        cost += Cost.of(
+            p.step(b.draft, Phase.DECODE, b.plan, batch, base + j, b.sockets, draft_cold[0])
+        )
     return cost
 
 
