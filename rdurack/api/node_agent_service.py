@@ -98,7 +98,7 @@ class NodeAgentService(node_agent_pb2_grpc.NodeAgentServiceServicer):
         runs = self.agent.run_kernel(
             request.job_id,
             list(request.socket_ids),
-            model(request.model),
+            model(request.model).placed(convert.mapping(request.expert_mapping)),
             phase,
             convert.plan(request.fusion_plan),
             request.batch_size or 1,
@@ -126,6 +126,7 @@ class NodeAgentService(node_agent_pb2_grpc.NodeAgentServiceServicer):
             if request.fusion_plan == common_pb2.FUSION_PLAN_UNSPECIFIED
             else convert.plan(request.fusion_plan),
             speculative=speculative,
+            expert_mapping=convert.mapping(request.expert_mapping),
         )
         runs = self.agent.serve(
             request.job_id,

@@ -163,6 +163,7 @@ class GrpcNodeGateway:
             first_step=first_step,
             steps=steps,
             speculative=speculative_to_proto(workload.speculative),
+            expert_mapping=convert.mapping_to_proto(workload.expert_mapping),
         )
         reply = self._call(node, f"kernel of {job_id}", "RunKernel", request, self.timeout_s)
         assert isinstance(reply, node_agent_pb2.RunKernelResponse)

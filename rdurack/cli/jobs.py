@@ -19,6 +19,7 @@ from rdurack.cli.options import (
     DEFAULT_PROMPT_TOKENS,
     WATCH_TIMEOUT_S,
     BatchSizeOpt,
+    ExpertMappingOpt,
     JsonOpt,
     ModelOpt,
     NameOpt,
@@ -120,6 +121,7 @@ def submit_kernel_cmd(
         typer.Option(min=1, help="decode, serve: tokens to generate (default 1; serve 1024)"),
     ] = None,
     speculative: SpeculativeSetting | None = None,
+    expert_mapping: ExpertMappingOpt = None,
     priority: Annotated[int, typer.Option(help="higher runs first")] = 0,
     name: NameOpt = "",
     request_id: Annotated[
@@ -158,6 +160,10 @@ def submit_kernel_cmd(
         kernel.output_tokens = output_tokens or DEFAULT_OUTPUT_TOKENS
     if fusion_plan is not None:
         kernel.fusion_plan = common_pb2.FusionPlan.Value(f"FUSION_PLAN_{fusion_plan.name}")
+    if expert_mapping is not None:
+        kernel.expert_mapping = common_pb2.ExpertMapping.Value(
+            f"EXPERT_MAPPING_{expert_mapping.name}"
+        )
     spec = job_pb2.JobSpec(
         name=name, priority=priority, client_request_id=request_id, kernel=kernel
     )

@@ -62,12 +62,7 @@ def _models(
     default, rack/layers.py `expert_mapping`) and its weights stored as `weights` says
     (None: as published)."""
     models = builtin_models()
-    chosen = _model(name)
-    if mapping is not None:
-        if chosen.moe is None:
-            raise InvalidRequest(f"{name} has no experts: --expert-mapping is for MoE models")
-        moe = chosen.moe.model_copy(update={"mapping": mapping})
-        chosen = chosen.model_copy(update={"moe": moe})
+    chosen = _model(name).placed(mapping)
     if weights is not None:
         chosen = chosen.model_copy(update={"weight_format": weights})
     models[name] = chosen

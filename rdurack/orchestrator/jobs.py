@@ -25,6 +25,7 @@ from rdurack.config import Config
 from rdurack.errors import InvalidRequest, RdurackError
 from rdurack.orchestrator.results import JobResult
 from rdurack.rack.kernels import FusionPlan, Phase
+from rdurack.rack.models import ExpertMapping
 from rdurack.workloads.coe.spec import CoeWorkload
 from rdurack.workloads.serving.batch import SERVE, ServeRequest
 from rdurack.workloads.serving.speculative import SpeculativeSetting
@@ -93,6 +94,7 @@ class KernelWorkload(Config):
     num_sockets: int = Field(default=8, gt=0, le=1024)
     output_tokens: int = Field(default=1, gt=0, le=1 << 20)  # decode, serve: tokens generated
     speculative: SpeculativeSetting | None = None  # serve only
+    expert_mapping: ExpertMapping | None = None  # MoE models only; None: the default
 
     @model_validator(mode="before")
     @classmethod
@@ -127,6 +129,7 @@ class KernelWorkload(Config):
             sockets=self.num_sockets,
             plan=self.fusion_plan,
             speculative=self.speculative,
+            expert_mapping=self.expert_mapping,
         )
 
 

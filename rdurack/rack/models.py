@@ -17,7 +17,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from rdurack.config import Config
-from rdurack.errors import UnknownName
+from rdurack.errors import InvalidRequest, UnknownName
 
 # FP8 (e4m3) weights with one FP32 scale per 128 x 128 block, as DeepSeek-V3 ships them
 # (its config.json: quantization_config weight_block_size [128, 128]).
@@ -274,6 +274,14 @@ class ModelSpec(Config):
         rotary key)."""
         per_layer = 2 * self.kv_dim if self.mla is None else self.mla.cached
         return self.layers * per_layer * self.bytes_per_param
+
+    def placed(self, mapping: ExpertMapping | None) -> ModelSpec:
+        """This model with its experts placed as `mapping` says (None: unchanged)."""
+        if mapping is None:
+            return self
+        if self.moe is None:
+            raise InvalidRequest(f"{self.name} has no experts to place {mapping.value}")
+        return self.model_copy(update={"moe": self.moe.model_copy(update={"mapping": mapping})})
 
     def kv_shards(self, tp: int) -> int:
         """Ways the KV cache splits over `tp` sockets of tensor parallelism: by KV head,

@@ -75,6 +75,11 @@ def _kernel(p: job_pb2.JobSpec) -> dict[str, Any]:
         workload["output_tokens"] = k.output_tokens
     if k.HasField("speculative"):
         workload["speculative"] = speculative_from_proto(k.speculative)
+    if k.expert_mapping:
+        try:
+            workload["expert_mapping"] = convert.mapping(k.expert_mapping)
+        except InvalidRequest as e:
+            raise InvalidRequest(f"spec.kernel.{e}") from None
     return workload
 
 
@@ -145,6 +150,7 @@ def spec_to_proto(spec: JobSpec, client_request_id: str | None = None) -> job_pb
             num_sockets=w.num_sockets,
             output_tokens=w.output_tokens,
             speculative=speculative_to_proto(w.speculative),
+            expert_mapping=convert.mapping_to_proto(w.expert_mapping),
         )
     )
     return msg

@@ -8,6 +8,7 @@ from rdurack.errors import InvalidRequest
 from rdurack.node_agent.health import SocketHealth
 from rdurack.node_agent.socket import Run
 from rdurack.rack.kernels import FusionPlan, Phase
+from rdurack.rack.models import ExpertMapping
 from rdurack.rack.spec import Tier
 from rdurack.rack.topology import SocketId
 from rdurack.v1 import common_pb2, node_agent_pb2, rack_pb2
@@ -24,6 +25,11 @@ PLANS: dict[int, FusionPlan] = {
     common_pb2.FUSION_PLAN_FUSED_HO: FusionPlan.FUSED_HO,
     common_pb2.FUSION_PLAN_KERNEL_LOOPED: FusionPlan.KERNEL_LOOPED,
 }
+MAPPINGS: dict[int, ExpertMapping] = {
+    common_pb2.EXPERT_MAPPING_EXPERT_PARALLEL: ExpertMapping.EXPERT_PARALLEL,
+    common_pb2.EXPERT_MAPPING_TENSOR_PARALLEL: ExpertMapping.TENSOR_PARALLEL,
+}
+MAPPING_TO_PROTO = {v: common_pb2.ExpertMapping.ValueType(k) for k, v in MAPPINGS.items()}
 PHASE_TO_PROTO = {v: common_pb2.Phase.ValueType(k) for k, v in PHASES.items()}
 PLAN_TO_PROTO = {v: common_pb2.FusionPlan.ValueType(k) for k, v in PLANS.items()}
 # A kernel job's phases: a step's, or SERVE (a whole batch).
@@ -62,6 +68,21 @@ def job_phase_to_proto(value: Phase | str) -> common_pb2.Phase.ValueType:
 def plan_to_proto(value: FusionPlan | None) -> common_pb2.FusionPlan.ValueType:
     """A fusion plan on the wire; None (a serve job's platform default) is UNSPECIFIED."""
     return common_pb2.FUSION_PLAN_UNSPECIFIED if value is None else PLAN_TO_PROTO[value]
+
+
+def mapping(value: int) -> ExpertMapping | None:
+    """An expert mapping from the wire; UNSPECIFIED is None (the default mapping)."""
+    if value == common_pb2.EXPERT_MAPPING_UNSPECIFIED:
+        return None
+    if value not in MAPPINGS:
+        raise InvalidRequest(
+            f"expert_mapping: {value} is not one of EXPERT_PARALLEL, TENSOR_PARALLEL"
+        )
+    return MAPPINGS[value]
+
+
+def mapping_to_proto(value: ExpertMapping | None) -> common_pb2.ExpertMapping.ValueType:
+    return common_pb2.EXPERT_MAPPING_UNSPECIFIED if value is None else MAPPING_TO_PROTO[value]
 
 
 def plan(value: int) -> FusionPlan:

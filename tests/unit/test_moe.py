@@ -7,6 +7,7 @@ import pytest
 
 from rdurack.errors import InvalidRequest, OutOfMemory
 from rdurack.node_agent.socket import Socket
+from rdurack.orchestrator.jobs import KernelWorkload
 from rdurack.rack.kernels import FusionPlan, Phase, step
 from rdurack.rack.layers import UPCAST_FLOPS_PER_WEIGHT, expert_mapping
 from rdurack.rack.models import (
@@ -21,6 +22,8 @@ from rdurack.rack.placement import place, routed_expert_bytes
 from rdurack.rack.presets import platform
 from rdurack.rack.routing import expert_load, touched
 from rdurack.rack.spec import Tier
+from rdurack.v1 import common_pb2, job_pb2
+from rdurack.wire.jobs import spec_from_proto, spec_to_proto
 from rdurack.workloads.predictor import Predictor, predict_decode
 from rdurack.workloads.serving.batch import ServeRequest, resolve
 from rdurack.workloads.serving.costs import Cost, iteration_cost
@@ -259,3 +262,40 @@ def test_a_serve_batch_prices_every_step_with_its_final_placement() -> None:
     final = p.step(R1, Phase.DECODE, b.plan, 256, 1501, 16, cold)
     assert iteration_cost(p, b, 1500) == Cost.of(final)
     assert final.total_s > now.total_s
+
+
+# ------------------------------------------------------------------ on the wire
+
+
+def _moe_spec(mapping: int) -> job_pb2.JobSpec:
+    return job_pb2.JobSpec(
+        platform="sn40l-rack16",
+        kernel=job_pb2.KernelJob(
+            model="deepseek-r1",
+            phase=common_pb2.PHASE_DECODE,
+            sequence_length=1024,
+            num_sockets=16,
+            output_tokens=4,
+            expert_mapping=mapping,  # type: ignore[arg-type]
+        ),
+    )
+
+
+def test_a_kernel_jobs_expert_mapping_round_trips() -> None:
+    spec = spec_from_proto(_moe_spec(common_pb2.EXPERT_MAPPING_TENSOR_PARALLEL), "sn40l-rack16")
+    assert isinstance(spec.workload, KernelWorkload)
+    assert spec.workload.expert_mapping is ExpertMapping.TENSOR_PARALLEL
+    assert spec_to_proto(spec).kernel.expert_mapping == common_pb2.EXPERT_MAPPING_TENSOR_PARALLEL
+    unset = spec_from_proto(_moe_spec(common_pb2.EXPERT_MAPPING_UNSPECIFIED), "sn40l-rack16")
+    assert isinstance(unset.workload, KernelWorkload) and unset.workload.expert_mapping is None
+    with pytest.raises(InvalidRequest, match=r"spec\.kernel\.expert_mapping: 7 is not one of"):
+        spec_from_proto(_moe_spec(7), "sn40l-rack16")
+
+
+def test_a_serve_request_places_its_targets_experts() -> None:
+    request = ServeRequest("deepseek-r1", 1, 128, 8, expert_mapping=ExpertMapping.TENSOR_PARALLEL)
+    b = resolve(request, RACK, builtin_models())
+    assert expert_mapping(b.target, 16) is ExpertMapping.TENSOR_PARALLEL
+    dense = ServeRequest("llama3.1-8b", 1, 128, 8, expert_mapping=ExpertMapping.TENSOR_PARALLEL)
+    with pytest.raises(InvalidRequest, match=r"llama3\.1-8b has no experts to place"):
+        resolve(dense, RACK, builtin_models())

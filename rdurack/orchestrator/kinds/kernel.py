@@ -54,7 +54,10 @@ class KernelKind:
                 "spec.kernel.speculative: speculative decoding runs in a SERVE job (a whole "
                 f"batch); a {w.step_phase().name} job runs plain steps"
             )
-        model = self.context.models[w.model]
+        try:
+            model = self.context.models[w.model].placed(w.expert_mapping)
+        except InvalidRequest as e:
+            raise InvalidRequest(f"spec.kernel.expert_mapping: {e}") from None
         step(model, w.step_phase(), w.batch_size, w.sequence_length, w.num_sockets)  # TP divides
         kv_tokens = (
             0 if w.phase is Phase.TRAIN else w.batch_size * (w.sequence_length + w.output_tokens)

@@ -15,7 +15,7 @@ from math import ceil
 
 from rdurack.errors import InvalidRequest, OutOfMemory, UnknownName
 from rdurack.rack.kernels import FusionPlan, Phase, step
-from rdurack.rack.models import ModelSpec
+from rdurack.rack.models import ExpertMapping, ModelSpec
 from rdurack.rack.placement import Placement, place
 from rdurack.rack.spec import PlatformSpec
 from rdurack.workloads.serving.speculative import SpeculativeSetting
@@ -37,6 +37,7 @@ class ServeRequest:
     sockets: int | None = None
     plan: FusionPlan | None = None
     speculative: SpeculativeSetting | None = None
+    expert_mapping: ExpertMapping | None = None  # an MoE target's; None: the default
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "prompt_tokens", "output_tokens", "sockets"):
@@ -117,7 +118,7 @@ def resolve(
     the platform cannot run, a draft that cannot draft, a batch that does not fit HBM."""
     if request.model not in models:
         raise UnknownName("model", request.model, sorted(models))
-    target = models[request.model]
+    target = models[request.model].placed(request.expert_mapping)
     sockets = platform.sockets if request.sockets is None else request.sockets
     if sockets > platform.sockets:
         raise InvalidRequest(
