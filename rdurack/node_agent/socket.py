@@ -306,7 +306,7 @@ class Socket:
         for the prefill and one for the decode iterations."""
         self._hold(job_id)
         batch = resolve(request, self.platform, self._models)
-        for m, placement in zip(batch.models, batch.placements(), strict=True):
+        for m, placement in zip(batch.models, batch.placements, strict=True):
             self._held.hold_model(job_id, m.name, placement, batch.kv_tokens())
         self._pacer.meet(start_ns)
         start = self.clock.now_ns

@@ -256,7 +256,7 @@ def test_a_serve_batch_prices_every_step_with_its_final_placement() -> None:
     every decode step copies in the experts that placement leaves in DDR."""
     p = Predictor(RACK)
     b = resolve(ServeRequest("deepseek-r1", 256, 1024, 1024), RACK, builtin_models())
-    (cold,) = b.cold_experts()
+    (cold,) = b.cold_experts
     assert cold > 0.3  # 256 x 2048 tokens of latent on every socket
     now = p.step(R1, Phase.DECODE, b.plan, 256, 1501, 16)  # as this step's cache leaves them
     final = p.step(R1, Phase.DECODE, b.plan, 256, 1501, 16, cold)

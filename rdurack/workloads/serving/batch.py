@@ -11,6 +11,7 @@ pass, E being the expected tokens per iteration (serving/speculative.py).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from math import ceil
 
 from rdurack.errors import InvalidRequest, OutOfMemory, UnknownName
@@ -88,6 +89,7 @@ class ServeBatch:
         may hold a copy of a part another holds: rack/placement.py)."""
         return sum(self.kv_tokens() * m.kv_bytes_per_token() for m in self.models)
 
+    @cached_property
     def placements(self) -> list[Placement]:
         """Each model's placement at the end of the batch (rack/placement.py), in the
         order of `models`; the socket actors hold exactly these. A draft's HBM comes
@@ -99,15 +101,17 @@ class ServeBatch:
         draft = place(self.draft, self.platform, s, kv, strict=False)
         return [place(self.target, self.platform, s, kv, draft.hbm_bytes, strict=False), draft]
 
+    @cached_property
     def cold_experts(self) -> list[float]:
         """Each model's share of routed experts in DDR (0 for a dense one), in the order
-        of `models`."""
-        return [p.cold_experts for p in self.placements()]
+        of `models`. Cached, as `placements`: a serve prices hundreds of steps of one
+        batch."""
+        return [p.cold_experts for p in self.placements]
 
     def held_per_socket(self) -> int:
         """HBM a socket holds at the end: its share of every model's weights and KV
         cache, rounded up as the socket actors allocate them (node_agent/job_memory.py)."""
-        return sum(p.hbm_bytes for p in self.placements())
+        return sum(p.hbm_bytes for p in self.placements)
 
 
 def resolve(

@@ -58,7 +58,7 @@ def prefill_cost(p: Predictor, b: ServeBatch) -> Cost:
     counted with the launches)."""
     r = b.request
     cost = Cost()
-    for m, cold in zip(b.models, b.cold_experts(), strict=True):
+    for m, cold in zip(b.models, b.cold_experts, strict=True):
         timing = p.step(
             m, Phase.PREFILL, b.prefill_plan, r.batch_size, r.prompt_tokens, b.sockets, cold
         )
@@ -71,7 +71,7 @@ def iteration_cost(p: Predictor, b: ServeBatch, base: int) -> Cost:
     base + 1 tokens, or k draft steps and a verification pass of k + 1 new tokens."""
     batch, k = b.request.batch_size, b.draft_tokens
     # The experts in DDR are those of the batch's placement, as its sockets hold it.
-    cold, *draft_cold = b.cold_experts()
+    cold, *draft_cold = b.cold_experts
     if b.draft is None:
         return Cost.of(p.step(b.target, Phase.DECODE, b.plan, batch, base + 1, b.sockets, cold))
     # Predictor.step prices one new token per sequence; the verification pass has k + 1.

@@ -63,7 +63,7 @@ def predict_speculative_decode(
         hbm_bandwidth_utilization=cost.hbm_bytes
         / (cost.seconds * p.platform.socket.hbm.bandwidth_bytes_per_s),
         expert_mapping=None if mapping is None else mapping.value,
-        placement=b.placements()[0].to_dict(),  # the target's
+        placement=b.placements[0].to_dict(),  # the target's
         breakdown={},  # an iteration is two models' steps: serve's breakdown says it
         draft_model=b.draft.name,
         draft_tokens=b.draft_tokens,
