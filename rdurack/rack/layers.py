@@ -96,7 +96,7 @@ def _attention(model: ModelSpec, s: Shape, tp: int, causal: bool) -> list[Op]:
     scores = heads * t * s.context * b
     qkv = _matmul(model, "qkv_proj", t, d, q + 2 * kvd, d * (q + 2 * kvd), t * d * b)
     return [
-        _with_kv(qkv, t * 2 * kvd * b),  # this step's K, V appended to the cache
+        replace(qkv, kv_bytes=t * 2 * kvd * b),  # this step's K, V appended to the cache
         Op("rope", OpKind.ELEMENTWISE, 6 * t * (q + kvd), 0, *(2 * [t * (q + kvd) * b])),
         Op("attn_scores", OpKind.ATTENTION, 2 * t * attended * q, 0, t * q * b, scores,
            kv_bytes=kv_cache),
@@ -123,7 +123,7 @@ def _mla(model: ModelSpec, s: Shape, tp: int, causal: bool) -> list[Op]:
     ops.append(_matmul(model, "q_up", t, q_k, h * a.qk_head_dim, q_k * h * a.qk_head_dim, q_in))
     kv_down = _matmul(model, "kv_down", t, d, latent, d * latent, t * d * b)
     # Every socket appends the new tokens' latents to its own whole copy of the cache.
-    ops.append(_with_kv(kv_down, t * latent * b))
+    ops.append(replace(kv_down, kv_bytes=t * latent * b))
     cache = s.batch * s.context * latent * b
     scores = h * t * s.context * b
     if not causal:  # decode: absorbed
@@ -155,10 +155,6 @@ def _mla(model: ModelSpec, s: Shape, tp: int, causal: bool) -> list[Op]:
     o = h * a.v_head_dim
     ops.append(_matmul(model, "o_proj", t, o, d, o * d, t * o * b))
     return ops
-
-
-def _with_kv(op: Op, kv_bytes: float) -> Op:
-    return replace(op, kv_bytes=kv_bytes)
 
 
 # ------------------------------------------------------------------ MLP and experts
