@@ -90,7 +90,14 @@ class NodeAgentService(node_agent_pb2_grpc.NodeAgentServiceServicer):
                 "payload_mode: FUNCTIONAL kernels need a model with real weights, which "
                 "the model presets do not have; run kernels in TIMING mode"
             )
-        group = request.group_size or len(request.group.members) or len(request.socket_ids)
+        members = [m.socket.id for m in sorted(request.group.members, key=lambda m: m.rank)]
+        group = request.group_size or len(members) or len(request.socket_ids)
+        if members and len(members) != group:
+            raise InvalidRequest(f"group_size: {group}, but group lists {len(members)} sockets")
+        if members and not set(request.socket_ids) <= set(members):
+            raise InvalidRequest(
+                f"socket_ids: {sorted(set(request.socket_ids) - set(members))} are not in the group"
+            )
         if request.phase == common_pb2.PHASE_SERVE:
             return self._serve(request, group)
         phase = convert.phase(request.phase)
@@ -106,6 +113,7 @@ class NodeAgentService(node_agent_pb2_grpc.NodeAgentServiceServicer):
             group,
             steps,
             request.emulated_start_ns or None,
+            members or None,
         )
         return node_agent_pb2.RunKernelResponse(sockets=[convert.kernel_timing(r) for r in runs])
 

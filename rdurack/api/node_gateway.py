@@ -147,6 +147,7 @@ class GrpcNodeGateway:
         steps: int,
         start_ns: int,
         first_step: int = 0,
+        group: Sequence[str] = (),
     ) -> list[KernelRun]:
         request = node_agent_pb2.RunKernelRequest(
             job_id=job_id,
@@ -159,6 +160,12 @@ class GrpcNodeGateway:
             # Decode: this call's tokens; serve: the job's (its steps are said apart).
             output_tokens=workload.output_tokens if workload.serves else steps,
             emulated_start_ns=start_ns,
+            group=node_agent_pb2.CollectiveGroup(
+                members=[
+                    node_agent_pb2.GroupMember(socket=convert.socket_ref(sid), rank=rank)
+                    for rank, sid in enumerate(group)
+                ]
+            ),
             group_size=workload.num_sockets,
             first_step=first_step,
             steps=steps,

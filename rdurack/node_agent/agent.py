@@ -174,7 +174,10 @@ class NodeAgent:
         group_size: int,
         steps: int = 1,
         start_ns: int | None = None,
+        group: Sequence[str] | None = None,
     ) -> list[Run]:
+        """`group`: the job's sockets in rank order, across nodes (Socket.run_kernel
+        draws the step's collectives over it)."""
         return self._drive(
             names.SPAN_NODE_KERNEL,
             {
@@ -187,6 +190,7 @@ class NodeAgent:
             f"kernel of job {job_id}",
             "run_kernel",
             (job_id, model, phase, plan, batch, seq, group_size, steps, start_ns),
+            {"group": None if group is None else list(group)},
         )
 
     def serve(

@@ -34,6 +34,7 @@ from rdurack.node_agent.job_memory import JobMemory, tier_named
 from rdurack.node_agent.links.endpoint import LinkEndpoint
 from rdurack.node_agent.timeline.hardware_trace import HardwareTrace, kernel_attributes
 from rdurack.node_agent.timeline.pacing import Pacer
+from rdurack.node_agent.timeline.step_collectives import draw_step
 from rdurack.rack.clock import EmulatedClock
 from rdurack.rack.kernels import FusionPlan, Phase
 from rdurack.rack.memory import TieredMemory, TierUsage
@@ -131,6 +132,7 @@ class Socket:
         self._models = builtin_models()
         self._program: ProgramRunner | None = None  # the running job's program state
         self._trainer: RankRunner | None = None  # the running job's DDP rank
+        self._drawn: str | None = None  # the job whose kernel step's collectives are drawn
 
     # ------------------------------------------------------------------ identity, links
 
@@ -249,11 +251,14 @@ class Socket:
         steps: int = 1,
         start_ns: int | None = None,
         carrier: dict[str, str] | None = None,
+        group: list[str] | None = None,
     ) -> Run:
         """`steps` repetitions of one step (a kernel-looped decode of `steps` tokens is
         one call): the socket's share of a TP group of `group_size` sockets. The model's
         weight share and KV cache are held in HBM for the job. `carrier`: the caller's
-        trace context; the kernel's span is its child."""
+        trace context; the kernel's span is its child. `group`: the job's sockets in
+        rank order; given, the job's first call draws the step's collectives under the
+        kernel's span (node_agent/timeline/step_collectives.py)."""
         self._hold(job_id)
         if steps <= 0:
             raise InvalidRequest(f"steps must be positive, got {steps}")
@@ -275,7 +280,7 @@ class Socket:
             launch_ns=round(timing.launch_s * steps * 1e9),
             collective_ns=round(timing.collective_s * steps * 1e9),
         )
-        self._trace.span(
+        span = self._trace.span(
             names.SPAN_KERNEL,
             extract(carrier),
             job_id,
@@ -288,6 +293,11 @@ class Socket:
                 names.ATTR_FLOPS: run.flops,
             },
         )
+        if group is not None and self._drawn != job_id:
+            self._drawn = job_id
+            ops = self._predictor.decompose(model, phase, batch, seq, group_size)
+            inside = trace.set_span_in_context(span)
+            draw_step(self._trace, inside, job_id, self.topology, group, self.id, ops, run.start_ns)
         return run
 
     def serve(

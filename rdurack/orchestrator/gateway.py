@@ -103,11 +103,13 @@ class NodeGateway(Protocol):
         steps: int,
         start_ns: int,
         first_step: int = 0,
+        group: Sequence[str] = (),
     ) -> list[KernelRun]:
         """This node's share of a kernel job: `steps` steps on `sockets` (the TP group
         is the job's `workload.num_sockets` sockets), starting at `start_ns`. A serve
         job's steps are numbered (step 0 its prefill, step i its decode iteration
-        i - 1): the call runs first_step .. first_step + steps - 1."""
+        i - 1): the call runs first_step .. first_step + steps - 1. `group`: the job's
+        sockets in rank order, across nodes."""
         ...
 
     def run_program(

@@ -29,6 +29,8 @@ from rdurack.rack.topology import SocketId, Topology
 
 NS = 1e-9
 WHOLE = -1  # Send.chunk value: the whole buffer
+# Bytes per element of what the timing model all-reduces: BF16 activations.
+BF16_BYTES = 2
 
 
 class Algorithm(StrEnum):
@@ -100,9 +102,15 @@ class Links:
         return st
 
 
-def simulate(topo: Topology, schedule: Schedule, start_ns: int = 0) -> dict[SocketId, int]:
+def simulate(
+    topo: Topology,
+    schedule: Schedule,
+    start_ns: int = 0,
+    observe: Callable[[Send, int, int], None] | None = None,
+) -> dict[SocketId, int]:
     """Run a schedule on fresh links with every member starting at `start_ns`; the clock
-    of every member at the end, in ns."""
+    of every member at the end, in ns. `observe(send, send_ns, arrival_ns)` sees each
+    transfer."""
     links = Links(topo)
     clocks: dict[SocketId, int] = {}
     for step in schedule:
@@ -112,6 +120,8 @@ def simulate(topo: Topology, schedule: Schedule, start_ns: int = 0) -> dict[Sock
         arrivals: dict[SocketId, int] = {}
         for s in step:
             _, arrival = links.state(s.src, s.dst).transmit(clocks[s.src], s.nbytes)
+            if observe is not None:
+                observe(s, clocks[s.src], arrival)
             arrivals[s.dst] = max(arrivals.get(s.dst, 0), arrival)
         for dst, arrival in arrivals.items():
             clocks[dst] = max(clocks[dst], arrival)
@@ -281,16 +291,33 @@ def all_reduce_schedule(
     itemsize: int,
     algorithm: Algorithm = Algorithm.AUTO,
 ) -> Schedule:
+    return pick_all_reduce(topo, group, elements, itemsize, algorithm)[1]
+
+
+def pick_all_reduce(
+    topo: Topology,
+    group: list[SocketId],
+    elements: int,
+    itemsize: int,
+    algorithm: Algorithm = Algorithm.AUTO,
+) -> tuple[Algorithm, Schedule]:
+    """The all-reduce's algorithm (AUTO: the one with the earliest finish) and schedule."""
     if elements < 0:
         raise InvalidRequest(f"all-reduce of {elements} elements")
     if algorithm is not Algorithm.AUTO:
-        return ALL_REDUCE[algorithm](topo, group, elements, itemsize)
-    candidates = [ring_all_reduce(topo, group, elements, itemsize)]
+        return algorithm, ALL_REDUCE[algorithm](topo, group, elements, itemsize)
+    candidates = [Algorithm.RING]
     if len(_by_node(group)) == 1 or rail_aligned(group):
-        candidates += [
-            f(topo, group, elements, itemsize) for f in (direct_all_reduce, two_shot_all_reduce)
-        ]
-    return min(candidates, key=lambda sch: max(simulate(topo, sch).values(), default=0))
+        candidates += [Algorithm.DIRECT, Algorithm.TWO_SHOT]
+    schedules = [(a, ALL_REDUCE[a](topo, group, elements, itemsize)) for a in candidates]
+    return min(schedules, key=lambda c: max(simulate(topo, c[1]).values(), default=0))
+
+
+def elements_of(nbytes: float, itemsize: int) -> int:
+    """Whole elements of `itemsize` bytes that hold `nbytes` (rounded up)."""
+    if nbytes < 0:
+        raise InvalidRequest(f"all-reduce of {nbytes} bytes")
+    return int(-(-nbytes // itemsize)) if nbytes > 0 else 0
 
 
 def broadcast_schedule(
@@ -348,12 +375,10 @@ def all_reduce(
     group: list[SocketId],
     nbytes: float,
     algorithm: Algorithm = Algorithm.AUTO,
-    itemsize: int = 2,
+    itemsize: int = BF16_BYTES,
 ) -> Cost:
     """Emulated time of an all-reduce of `nbytes` (BF16 elements by default)."""
-    elements = int(-(-nbytes // itemsize)) if nbytes > 0 else 0
-    if nbytes < 0:
-        raise InvalidRequest(f"all-reduce of {nbytes} bytes")
+    elements = elements_of(nbytes, itemsize)
     return cost(topo, all_reduce_schedule(topo, group, elements, itemsize, algorithm))
 
 

@@ -35,6 +35,13 @@ from rdurack.rack.models import ExpertMapping, ModelSpec, WeightFormat
 from rdurack.rack.ops import Block, Op, OpKind, Shape
 from rdurack.rack.routing import expert_load, touched
 
+# What an MoE layer's all-reduces do for its experts (see above): attention's leaves
+# every token on every socket, so it is the dispatch; the experts' sums their outputs.
+MOE_ROLES = {
+    ("moe_layer", "attn_all_reduce"): "dispatch",
+    ("moe_layer", "experts_combine"): "combine",
+}
+
 # Assumption: converting an FP8 weight to BF16 and applying its block scale costs one
 # conversion and one multiply; the article seed says the SN40L has no FP8 arithmetic.
 UPCAST_FLOPS_PER_WEIGHT = 2
@@ -63,7 +70,8 @@ def decoder_layer(
     ]
     ops += _dense_mlp(model, t, tp) if moe is None else _experts(model, t, tp, moe, cold)
     if tp > 1:
-        ops.append(Op("mlp_all_reduce", OpKind.ALL_REDUCE, 0, reduce_bytes=act))
+        combine = "mlp_all_reduce" if moe is None else "experts_combine"
+        ops.append(Op(combine, OpKind.ALL_REDUCE, 0, reduce_bytes=act))
     ops.append(Op("mlp_residual", OpKind.ELEMENTWISE, t * d, 0, 2 * act, act))
     name = "decoder_layer" if moe is None else "moe_layer"
     return Block(name, tuple(ops), t, in_bytes=act, out_bytes=act, loopable=True)

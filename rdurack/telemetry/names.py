@@ -76,6 +76,11 @@ ATTR_TRANSFERS_UNTRACED = "rdurack.link.transfers_untraced"  # ... with no rdu.t
 ATTR_COLLECTIVE_OP = "rdurack.collective.op"
 ATTR_COLLECTIVE_ALGORITHM = "rdurack.collective.algorithm"
 ATTR_COLLECTIVE_TAG = "rdurack.collective.tag"
+# A collective priced inside a kernel's step and drawn from the schedule it was priced
+# with: its sends were not made over gRPC (node_agent/timeline/step_collectives.py).
+ATTR_COLLECTIVE_DRAWN = "rdurack.collective.drawn"
+ATTR_COLLECTIVE_PER_STEP = "rdurack.collective.per_step"  # times one step runs it
+ATTR_MOE_ROLE = "rdurack.moe.role"  # an MoE layer's all-reduce: dispatch or combine
 ATTR_GROUP_SIZE = "rdurack.collective.group_size"
 ATTR_KERNEL_ROLE = "rdurack.kernel.role"  # CoE: router, prefill or decode
 ATTR_BATCH = "rdurack.kernel.batch"  # sequences a kernel processes together

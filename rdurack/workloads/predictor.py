@@ -59,10 +59,22 @@ class Predictor:
         sockets: int,
         cold: float | None,
     ) -> StepTiming:
+        ops = self.decompose(model, phase, batch, seq, sockets, cold)
+        return self.timer(sockets).step(ops, plan)
+
+    def decompose(
+        self,
+        model: ModelSpec,
+        phase: Phase,
+        batch: int,
+        seq: int,
+        sockets: int,
+        cold: float | None = None,
+    ) -> Step:
+        """The operators of one step, as `step` times them."""
         if cold is None:
             cold = self.cold_experts(model, sockets, batch * seq)
-        s = step(model, phase, batch, seq, sockets, cold_experts=cold)
-        return self.timer(sockets).step(s, plan)
+        return step(model, phase, batch, seq, sockets, cold_experts=cold)
 
     def cold_experts(self, model: ModelSpec, sockets: int, kv_tokens: int) -> float:
         """The share of an MoE model's routed experts in DDR beside a KV cache of

@@ -199,7 +199,7 @@ KERNEL = job_pb2.JobSpec(
     name="traced-kernel",
     payload_mode=common_pb2.PAYLOAD_MODE_TIMING,
     kernel=job_pb2.KernelJob(
-        model="llama2-7b",
+        model="mixtral-8x7b",  # MoE: its step's dispatch and combine are drawn
         phase=common_pb2.PHASE_DECODE,
         fusion_plan=common_pb2.FUSION_PLAN_KERNEL_LOOPED,
         sequence_length=512,
@@ -463,6 +463,36 @@ def test_collective_and_transfer_spans_name_their_links(run: Run) -> None:
             assert t.emulated_end_ns <= ends[receiver]  # it waited for the arrival
             assert t.end_ns - t.start_ns == t.attributes[names.ATTR_EMULATED_NS] > 0
     assert all(t.parent_id in by_id for t in transfers)
+
+
+def test_a_kernel_jobs_first_call_draws_its_expert_dispatch_and_combine_over_links(
+    run: Run,
+) -> None:
+    kernels = _of_job(run.otlp, run.kernel.id, names.SPAN_KERNEL)
+    drawn = _of_job(run.otlp, run.kernel.id, names.SPAN_COLLECTIVE)
+    transfers = _of_job(run.otlp, run.kernel.id, names.SPAN_TRANSFER)
+    first = {s.service: s for s in reversed(kernels)}  # sorted by start: each one's first
+    assert len(drawn) == 2 * SOCKETS
+    for c in drawn:
+        a = c.attributes
+        parent = first[c.service]
+        assert c.parent_id == parent.span_id and _inside(c, parent)
+        assert a[names.ATTR_COLLECTIVE_DRAWN] is True
+        assert a[names.ATTR_COLLECTIVE_PER_STEP] == builtin_models()["mixtral-8x7b"].moe_layers
+        assert (
+            a[names.ATTR_MOE_ROLE]
+            == {
+                "moe_layer.attn_all_reduce": "dispatch",
+                "moe_layer.experts_combine": "combine",
+            }[a[names.ATTR_COLLECTIVE_TAG]]
+        )
+        mine = [t for t in transfers if t.parent_id == c.span_id]
+        assert len(mine) == a[names.ATTR_TRANSFERS] > 0
+        assert {t.attributes[names.ATTR_LINK] for t in mine} == set(a[names.ATTR_LINKS])
+        assert sum(t.attributes[names.ATTR_BYTES] for t in mine) == a[names.ATTR_BYTES_SENT]
+        for t in mine:
+            sender, receiver = t.attributes[names.ATTR_LINK].split("->")
+            assert sender == c.service and receiver in first and receiver != sender
 
 
 def test_a_training_jobs_steps_carry_its_losses_and_nest_their_all_reduce_and_checkpoints(

@@ -142,6 +142,7 @@ class FakeGateway:
         steps: int,
         start_ns: int,
         first_step: int = 0,
+        group: Sequence[str] = (),
     ) -> list[KernelRun]:
         with self.lock:
             self.max_running = max(self.max_running, len(set(self.held.values())))

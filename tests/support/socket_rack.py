@@ -29,9 +29,12 @@ class SocketGateway(FakeGateway):
         steps: int,
         start_ns: int,
         first_step: int = 0,
+        group: Sequence[str] = (),
     ) -> list[KernelRun]:
         if not workload.serves:
-            return super().run_kernel(node, job_id, sockets, workload, steps, start_ns, first_step)
+            return super().run_kernel(
+                node, job_id, sockets, workload, steps, start_ns, first_step, group
+            )
         if node not in self.speakers:
             self.speakers[node] = Socket(f"rdu-n{node}-s0", RACK)
         speaker = self.speakers[node]

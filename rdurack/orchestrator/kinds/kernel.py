@@ -137,7 +137,9 @@ class KernelKind:
         job.check()
 
         def part(node: int, ids: list[str]) -> list[KernelRun]:
-            return job.gateway.run_kernel(node, job.job.id, ids, w, steps, at, first_step=first)
+            return job.gateway.run_kernel(
+                node, job.job.id, ids, w, steps, at, first_step=first, group=job.job.sockets
+            )
 
         return job.on_nodes(nodes, part)
 
