@@ -26,6 +26,7 @@ from rdurack.cli import (
     train,
 )
 from rdurack.cli.options import speculates, talks_to_orchestrator
+from rdurack.cli.stream import streams
 from rdurack.errors import RdurackError
 
 Commands = dict[str, Callable[..., None]]
@@ -86,7 +87,7 @@ def build_app() -> typer.Typer:
         {
             "fusion": predict.predict_fusion_cmd,
             "decode": speculates(predict.predict_decode_cmd),
-            "serve": speculates(predict.predict_serve_cmd),
+            "serve": streams(speculates(predict.predict_serve_cmd)),
             "coe": predict.predict_coe_cmd,
             "ddp": predict.predict_ddp_cmd,
             "footprint": predict.predict_footprint_cmd,

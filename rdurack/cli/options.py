@@ -148,7 +148,7 @@ def connection(
 def talks_to_orchestrator(command: Callable[..., None]) -> Callable[..., None]:
     """`command` with its `to: Target` parameter shown to typer as the options of
     `connection`, in its place; its gRPC failures one line (the module docstring)."""
-    return _in_place_of(command, Target, connection, lambda to: one_line_errors(to.address))
+    return in_place_of(command, Target, connection, lambda to: one_line_errors(to.address))
 
 
 def speculation(
@@ -169,10 +169,10 @@ def speculation(
 def speculates(command: Callable[..., None]) -> Callable[..., None]:
     """`command` with its `SpeculativeSetting | None` parameter shown to typer as the
     options of `speculation`, in its place."""
-    return _in_place_of(command, SpeculativeSetting | None, speculation)
+    return in_place_of(command, SpeculativeSetting | None, speculation)
 
 
-def _in_place_of(
+def in_place_of(
     command: Callable[..., None],
     annotation: object,
     factory: Callable[..., Any],

@@ -27,7 +27,8 @@ from rdurack.cli.options import (
     SpecOpt,
     WeightFormatOpt,
 )
-from rdurack.cli.views import emit
+from rdurack.cli.stream import StreamOptions, serve_stream
+from rdurack.cli.views import emit, study_table
 from rdurack.errors import InvalidRequest, UnknownName
 from rdurack.rack.kernels import FusionPlan, Phase
 from rdurack.rack.models import ExpertMapping, ModelSpec, WeightFormat, builtin_models
@@ -45,6 +46,7 @@ from rdurack.workloads.predictor import (
 from rdurack.workloads.serving.batch import ServeRequest
 from rdurack.workloads.serving.predict import predict_serve, predict_speculative_decode
 from rdurack.workloads.serving.speculative import SpeculativeSetting
+from rdurack.workloads.serving.stream.replay import StreamSetting
 from rdurack.workloads.training.job import TrainingWorkload, check_fits, predict_scaling, step_cost
 
 
@@ -184,34 +186,24 @@ def _decode_study(
         f"{cap.max_batch_experts_in_hbm} sequences with every expert in HBM, "
         f"{cap.max_batch} at most"
     )
-    if markdown:
-        print("| " + " | ".join(c for c, _, _ in STUDY) + " |")
-        print("|" + "---|" * len(STUDY))
-        for line in cells:
-            print("| " + " | ".join(line) + " |")
-        print(f"\n{caption}.")
-        return
-    table = Table(title=caption)
-    for column, _, _ in STUDY:
-        table.add_column(column, justify="right")
-    for line in cells:
-        table.add_row(*line)
-    Console().print(table)
+    study_table([c for c, _, _ in STUDY], cells, caption, markdown)
 
 
 def predict_serve_cmd(
     platform: PlatformOpt,
     model: Annotated[str, typer.Option(help="model preset")],
     sockets: SocketsOpt = None,
-    batch_size: BatchSizeOpt = 1,
+    batch_size: Annotated[int | None, typer.Option(min=1, help="default: 1")] = None,
     prompt_tokens: PromptTokensOpt = DEFAULT_PROMPT_TOKENS,
     output_tokens: OutputTokensOpt = DEFAULT_OUTPUT_TOKENS,
     plan: ServePlanOpt = None,
     speculative: SpeculativeSetting | None = None,
+    stream: StreamOptions | None = None,
     expert_mapping: ExpertMappingOpt = None,
     weight_format: WeightFormatOpt = None,
     spec: SpecOpt = None,
     as_json: JsonOpt = False,
+    markdown: MarkdownOpt = False,
 ) -> None:
     """A batch of requests end to end: time to first token (the prefill), mean
     inter-token latency, end-to-end latency, tokens/s, and where the time went. The KV
@@ -219,12 +211,33 @@ def predict_serve_cmd(
 
     tokens_per_s_per_user is 1 / itl_s, the decode speed a user sees after the first
     token (as PAPER Table IV and Artificial Analysis measure it); tokens_per_s is every
-    generated token over e2e_s."""
-    request = ServeRequest(
-        model, batch_size, prompt_tokens, output_tokens, sockets, plan, speculative
-    )
+    generated token over e2e_s.
+
+    With --arrivals or --trace: a stream of requests served under a batching --policy,
+    with the percentiles of TTFT, inter-token latency and end-to-end latency,
+    throughput, and goodput under the SLOs given; with several rates, a study of them
+    (docs/serving.md)."""
     models = _models(model, expert_mapping, weight_format)
-    r = predict_serve(Predictor(load_platform(platform, spec)), request, models)
+    predictor = Predictor(load_platform(platform, spec))
+    if stream is not None:
+        if batch_size is not None or speculative is not None:
+            raise InvalidRequest(
+                "a stream is batched by its --policy up to --max-batch, without "
+                "speculation: drop --batch-size and --speculative"
+            )
+        setting = StreamSetting(
+            model, sockets, stream.policy, stream.max_batch, plan, expert_mapping,
+            stream.slo_ttft_s, stream.slo_itl_s,
+        )  # fmt: skip
+        lengths = (prompt_tokens, output_tokens)
+        serve_stream(predictor, setting, stream, lengths, models, as_json, markdown)
+        return
+    if markdown:
+        raise InvalidRequest("--markdown prints a stream's study: it needs --arrivals")
+    request = ServeRequest(
+        model, batch_size or 1, prompt_tokens, output_tokens, sockets, plan, speculative
+    )
+    r = predict_serve(predictor, request, models)
     emit(as_json, r.model_dump(mode="json"), f"serve: {model} on {platform}")
 
 

@@ -77,6 +77,24 @@ def emit(as_json: bool, data: dict[str, Any], title: str) -> None:
     Console().print(table)
 
 
+def study_table(columns: list[str], cells: list[list[str]], caption: str, markdown: bool) -> None:
+    """A study's rows: a Markdown table with its caption under it, or a terminal table
+    with its caption above."""
+    if markdown:
+        print("| " + " | ".join(columns) + " |")
+        print("|" + "---|" * len(columns))
+        for line in cells:
+            print("| " + " | ".join(line) + " |")
+        print(f"\n{caption}.")
+        return
+    table = Table(title=caption)
+    for column in columns:
+        table.add_column(column, justify="right")
+    for line in cells:
+        table.add_row(*line)
+    Console().print(table)
+
+
 def _flat(data: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
     rows: list[tuple[str, Any]] = []
     for key, value in data.items():

@@ -3,6 +3,9 @@ their JSON, their tables and their one-line errors."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from rdurack.workloads.serving.speculative import DRAFT_MODELS
@@ -88,6 +91,79 @@ def test_the_speculative_defaults_are_in_the_help() -> None:
 )
 def test_bad_requests_are_one_line(args: list[str], message: str) -> None:
     done = rdu("predict", "serve", *args)
+    assert done.returncode == 2
+    assert "Traceback" not in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert message in done.stderr
+
+
+# ------------------------------------------------------------------ a stream of requests
+
+STREAM = [*SERVE, "--sockets", "8", "--prompt-tokens", "256", "--output-tokens", "32"]
+
+
+def test_predict_serve_replays_a_poisson_stream_with_percentiles_and_goodput() -> None:
+    out = rdu_json(
+        *STREAM, "--arrivals", "poisson", "--rate", "20", "--requests", "60",
+        "--policy", "static", "--max-batch", "8", "--slo-ttft-ms", "500", "--slo-itl-ms", "40",
+    )  # fmt: skip
+    assert (out["policy"], out["max_batch"], out["requests"], out["refused"]) == (
+        "static", 8, 60, 0,
+    )  # fmt: skip
+    for key in ("queue_s", "ttft_s", "itl_s", "tpot_s", "e2e_s"):
+        q = out[key]
+        assert 0 <= q["p50"] <= q["p90"] <= q["p99"] <= q["max"], key
+    assert (out["slo_ttft_s"], out["slo_itl_s"]) == (0.5, 0.04)
+    assert 0 <= out["slo_attainment"] <= 1
+    assert out["output_tokens_per_s"] * out["span_s"] == pytest.approx(60 * 32)
+
+
+def test_predict_serve_replays_a_trace_file_and_reports_progress(tmp_path: Path) -> None:
+    trace = tmp_path / "vidur.csv"
+    rows = "\n".join(f"{i / 10},{128 + i},{16}" for i in range(120))
+    trace.write_text(f"arrived_at,num_prefill_tokens,num_decode_tokens\n{rows}\n")
+    done = rdu(*SERVE, "--trace", str(trace), "--json")
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    assert (out["requests"], out["policy"], out["num_sockets"]) == (120, "continuous", 8)
+    assert "served 50 of 120 requests" in done.stderr  # progress, apart from the JSON
+
+
+def test_several_rates_make_a_study_of_the_stream() -> None:
+    args = [*STREAM, "--arrivals", "poisson", "--rate", "2,50", "--requests", "40"]
+    rows = rdu_json(*args, "--slo-ttft-ms", "300")["rows"]
+    assert [r["requests"] for r in rows] == [40, 40]
+    slow, fast = rows
+    assert slow["ttft_s"]["p99"] < fast["ttft_s"]["p99"]  # at 50/s they queue
+    assert slow["slo_attainment"] >= fast["slo_attainment"]
+    done = rdu(*args, "--markdown")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("| rate (req/s) | TTFT p50 (ms) | TTFT p99 (ms) |")
+    assert [line.split(" | ")[0] for line in lines[2:4]] == ["| 2", "| 50"]
+    assert "continuous batching up to 64, 40 requests." in done.stdout
+    assert "rate 50/s: " not in done.stderr  # 40 requests: no progress line is due
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--rate", "3"], "need --arrivals or --trace"),
+        (["--policy", "static"], "need --arrivals or --trace"),
+        (["--arrivals", "poisson"], "needs --rate"),
+        (["--arrivals", "poisson", "--rate", "0"], "--rate: requests per second, positive"),
+        (["--arrivals", "poisson", "--rate", "2,x"], "--rate: requests per second, positive"),
+        (["--trace", "x.csv", "--rate", "2"], "a trace's requests arrive when it says"),
+        (["--markdown"], "it needs --arrivals"),
+        (["--arrivals", "poisson", "--rate", "1", "--batch-size", "4"], "drop --batch-size"),
+        (["--arrivals", "poisson", "--rate", "1", "--speculative"], "--speculative"),
+        (["--arrivals", "poisson", "--rate", "1", "--trace", "x.csv"], "give one"),
+        (["--trace", "/nonexistent.csv"], "cannot read it"),
+        (["--arrivals", "poisson", "--rate", "1", "--prompt-tokens", "9000000"], "no request"),
+    ],
+)
+def test_bad_streams_are_one_line(args: list[str], message: str) -> None:
+    done = rdu(*SERVE, *args)
     assert done.returncode == 2
     assert "Traceback" not in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr

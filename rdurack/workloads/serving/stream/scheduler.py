@@ -1,0 +1,160 @@
+"""Which requests run in each iteration of a model's sockets: the batching policies.
+
+An *iteration* is one pass over the model: the prefill of some prompts, or one decode
+step of every running request. The scheduler decides what the next one holds; whoever
+drives it (`replay` in the predictor, the endpoint on the socket actors) prices or runs
+it and says when it ended. It knows no clock of its own and no timing model.
+
+Policies:
+- `static` (the paper's setting): when nothing runs, up to `max_batch` waiting requests
+  start together; the batch prefills, then decodes until its longest request is done.
+  A request that is done early keeps its slot (padding: its row is still computed, as a
+  fixed batch is) and nothing joins until the batch ends.
+- `continuous` (iteration-level, as vLLM schedules): at every iteration, waiting
+  requests join while a slot and their KV cache are free. An iteration that admits
+  requests prefills them alone (their prompts, whole); the others' decode waits for it
+  (vLLM's default without chunked prefill). A done request leaves at once.
+
+Admission reserves a request's whole KV cache (prompt and output tokens) when it
+starts, so a running request never runs out of HBM and nothing is preempted; a request
+waits (first come, first served) while its cache does not fit beside the running ones,
+and one that could never fit, alone on the sockets, is refused at arrival with the
+numbers.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from rdurack.errors import InvalidRequest
+from rdurack.workloads.serving.stream.arrivals import Arrival
+
+
+class Policy(StrEnum):
+    STATIC = "static"
+    CONTINUOUS = "continuous"
+
+
+@dataclass(eq=False)
+class Running:
+    """A request admitted to the sockets: what it has done and when (emulated s)."""
+
+    arrival: Arrival
+    admitted_s: float
+    generated: int = 0  # output tokens produced (the prefill yields the first)
+    token_s: list[float] = field(default_factory=list)  # when each output token was out
+
+    @property
+    def kv_tokens(self) -> int:
+        """The KV cache it reserves: its whole prompt and output."""
+        return self.arrival.prompt_tokens + self.arrival.output_tokens
+
+    @property
+    def context(self) -> int:
+        """Tokens its next decode step attends to: the prompt, what it generated."""
+        return self.arrival.prompt_tokens + self.generated
+
+    @property
+    def done(self) -> bool:
+        return self.generated >= self.arrival.output_tokens
+
+
+@dataclass(frozen=True)
+class Iteration:
+    """One pass over the model: the prompts it prefills, or the requests it decodes one
+    token for (`padding`: static batching's done requests, computed all the same)."""
+
+    prefill: tuple[Running, ...] = ()
+    decode: tuple[Running, ...] = ()
+    padding: tuple[Running, ...] = ()
+
+    @property
+    def batch(self) -> int:
+        return len(self.prefill) + len(self.decode) + len(self.padding)
+
+
+class Refused(InvalidRequest):
+    """A request that could never run: its KV cache alone exceeds the budget."""
+
+
+class Scheduler:
+    """The queue and the running batch of one model on its sockets."""
+
+    def __init__(self, policy: Policy, max_batch: int, kv_budget_tokens: int) -> None:
+        """`kv_budget_tokens`: the KV-cache tokens the sockets hold beside the weights."""
+        if max_batch <= 0:
+            raise InvalidRequest(f"max batch must be positive, got {max_batch}")
+        if kv_budget_tokens <= 0:
+            raise InvalidRequest("the model leaves no HBM for a KV cache on these sockets")
+        self.policy = policy
+        self.max_batch = max_batch
+        self.kv_budget_tokens = kv_budget_tokens
+        self.waiting: deque[Arrival] = deque()
+        self.running: list[Running] = []
+
+    @property
+    def reserved_tokens(self) -> int:
+        return sum(r.kv_tokens for r in self.running)
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def arrive(self, a: Arrival) -> None:
+        """Queue a request, or refuse one that could never fit."""
+        need = a.prompt_tokens + a.output_tokens
+        if need > self.kv_budget_tokens:
+            raise Refused(
+                f"request {a.index}: its KV cache ({a.prompt_tokens} prompt + "
+                f"{a.output_tokens} output = {need} tokens) exceeds what the sockets hold "
+                f"beside the weights ({self.kv_budget_tokens} tokens)"
+            )
+        self.waiting.append(a)
+
+    def next(self, now_s: float) -> Iteration | None:
+        """The next iteration from `now_s`, admitting what the policy lets in; None when
+        nothing can run (no request, or every waiting one blocked on memory while
+        nothing runs, which `arrive` rules out)."""
+        if self.policy is Policy.STATIC:
+            if not self.running:
+                admitted = self._admit(now_s)
+                return Iteration(prefill=tuple(admitted)) if admitted else None
+            live = tuple(r for r in self.running if not r.done)
+            return Iteration(decode=live, padding=tuple(r for r in self.running if r.done))
+        admitted = self._admit(now_s)
+        if admitted:
+            return Iteration(prefill=tuple(admitted))
+        return Iteration(decode=tuple(self.running)) if self.running else None
+
+    def _admit(self, now_s: float) -> list[Running]:
+        """First come, first served, while a slot and the KV cache are free."""
+        admitted = []
+        free = self.kv_budget_tokens - self.reserved_tokens
+        while self.waiting and len(self.running) < self.max_batch:
+            head = self.waiting[0]
+            need = head.prompt_tokens + head.output_tokens
+            if need > free:
+                break
+            self.waiting.popleft()
+            r = Running(head, now_s)
+            self.running.append(r)
+            admitted.append(r)
+            free -= need
+        return admitted
+
+    def finish(self, it: Iteration, end_s: float) -> list[Running]:
+        """The iteration ended at `end_s`: each of its requests has one more token. The
+        requests it finished (continuous: they leave now; static: with the batch)."""
+        for r in (*it.prefill, *it.decode):
+            r.generated += 1
+            r.token_s.append(end_s)
+        if self.policy is Policy.STATIC:
+            if all(r.done for r in self.running):
+                done, self.running = self.running, []
+                return done
+            return []
+        done = [r for r in self.running if r.done]
+        self.running = [r for r in self.running if not r.done]
+        return done
