@@ -226,8 +226,8 @@ def predict_serve_cmd(
                 "speculation: drop --batch-size and --speculative"
             )
         setting = StreamSetting(
-            model, sockets, stream.policy, stream.max_batch, plan, expert_mapping,
-            stream.slo_ttft_s, stream.slo_itl_s,
+            model, sockets, stream.policy, stream.max_batch, stream.chunk_tokens, plan,
+            expert_mapping, stream.slo_ttft_s, stream.slo_itl_s,
         )  # fmt: skip
         lengths = (prompt_tokens, output_tokens)
         serve_stream(predictor, setting, stream, lengths, models, as_json, markdown)

@@ -22,7 +22,7 @@ from rdurack.workloads.predictor import Predictor
 from rdurack.workloads.serving.stream.arrivals import Arrival, poisson, read_trace
 from rdurack.workloads.serving.stream.replay import StreamSetting, replay
 from rdurack.workloads.serving.stream.report import StreamReport
-from rdurack.workloads.serving.stream.scheduler import Policy
+from rdurack.workloads.serving.stream.scheduler import DEFAULT_CHUNK_TOKENS, Policy
 
 # Assumption: 64 requests at once, a common serving default (vLLM's max_num_seqs is 256
 # on GPUs; a rack's HBM holds fewer long sequences). Set it with --max-batch.
@@ -58,6 +58,12 @@ PolicyOpt = Annotated[
 MaxBatchOpt = Annotated[
     int | None, typer.Option(min=1, help="requests running at once, at most; default: 64")
 ]
+ChunkTokensOpt = Annotated[
+    int | None,
+    typer.Option(
+        min=1, help=f"chunked prefill: new tokens per iteration; default: {DEFAULT_CHUNK_TOKENS}"
+    ),
+]
 SloTtftOpt = Annotated[
     float | None, typer.Option(min=0, help="SLO on time to first token, ms (goodput)")
 ]
@@ -77,6 +83,7 @@ class StreamOptions:
     trace: Path | None
     policy: Policy
     max_batch: int
+    chunk_tokens: int
     slo_ttft_s: float | None
     slo_itl_s: float | None
 
@@ -98,6 +105,7 @@ def stream_options(
     trace: TraceOpt = None,
     policy: PolicyOpt = None,
     max_batch: MaxBatchOpt = None,
+    chunk_tokens: ChunkTokensOpt = None,
     slo_ttft_ms: SloTtftOpt = None,
     slo_itl_ms: SloItlOpt = None,
 ) -> StreamOptions | None:
@@ -108,13 +116,15 @@ def stream_options(
     if trace is not None and rate is not None:
         raise InvalidRequest("--rate is --arrivals': a trace's requests arrive when it says")
     if arrivals is None and trace is None:
-        given = (rate, policy, max_batch, slo_ttft_ms, slo_itl_ms)
+        given = (rate, policy, max_batch, chunk_tokens, slo_ttft_ms, slo_itl_ms)
         if any(g is not None for g in given):
             raise InvalidRequest(
-                "--rate, --policy, --max-batch and the SLOs are a stream's: they need "
-                "--arrivals or --trace"
+                "--rate, --policy, --max-batch, --chunk-tokens and the SLOs are a stream's: "
+                "they need --arrivals or --trace"
             )
         return None
+    if chunk_tokens is not None and policy is not Policy.CHUNKED:
+        raise InvalidRequest("--chunk-tokens is --policy chunked-prefill's")
     if arrivals is not None and rate is None:
         raise InvalidRequest("--arrivals poisson needs --rate (requests per second)")
     return StreamOptions(
@@ -125,6 +135,7 @@ def stream_options(
         trace,
         policy or Policy.CONTINUOUS,
         max_batch or DEFAULT_MAX_BATCH,
+        chunk_tokens or DEFAULT_CHUNK_TOKENS,
         None if slo_ttft_ms is None else slo_ttft_ms / 1e3,
         None if slo_itl_ms is None else slo_itl_ms / 1e3,
     )
@@ -202,8 +213,9 @@ def serve_stream(
             row.append(f"{r.slo_attainment:.0%}")
         cells.append(row)
     first = reports[0]
+    chunks = f" of {first.chunk_tokens} tokens" if first.chunk_tokens else ""
     caption = (
-        f"{first.model} on {first.num_sockets} {first.platform} sockets, {first.policy} "
-        f"batching up to {first.max_batch}, {first.requests + first.refused} requests"
+        f"{first.model} on {first.num_sockets} {first.platform} sockets, {first.policy}"
+        f"{chunks} batching up to {first.max_batch}, {first.requests + first.refused} requests"
     )
     study_table(columns, cells, caption, markdown)

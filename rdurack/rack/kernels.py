@@ -26,7 +26,7 @@ from rdurack.rack.layers import check_tp, decoder_layer, expert_mapping
 from rdurack.rack.models import ModelSpec
 from rdurack.rack.ops import Block, Op, OpKind, Phase, Shape, Step
 
-__all__ = ["Block", "FusionPlan", "Op", "OpKind", "Phase", "Shape", "Step", "step"]
+__all__ = ["Block", "FusionPlan", "Op", "OpKind", "Phase", "Shape", "Step", "mixed_step", "step"]
 
 
 class FusionPlan(StrEnum):
@@ -66,8 +66,6 @@ def step(
             f"batch, seq, sockets and new tokens must be positive: {batch}, {seq}, {tp}, "
             f"{new_tokens}"
         )
-    mapping = expert_mapping(model, tp)
-    check_tp(model, tp, mapping)
     if phase is Phase.DECODE:
         if new_tokens > seq:
             raise InvalidRequest(
@@ -81,20 +79,11 @@ def step(
             f"sequence ({seq} tokens), got new_tokens={new_tokens}"
         )
     else:
-        shape = Shape(batch=batch, new_tokens=seq, context=seq)
-    causal = phase is not Phase.DECODE
-    layers: list[tuple[Block, int]] = []
-    if model.dense_layers:
-        layers.append((decoder_layer(model, shape, tp, causal), model.dense_layers))
-    if model.moe_layers:
-        layers.append(
-            (decoder_layer(model, shape, tp, causal, mapping, cold_experts), model.moe_layers)
-        )
+        shape = Shape(batch=batch, new_tokens=seq, context=seq, causal=True)
     # Prefill needs the logits of the last position of each sequence only; decode those
     # of every new token (one per sequence, unless verifying drafts); training all.
-    head_tokens = batch if phase is Phase.PREFILL else shape.tokens
-    embed = _embedding(model, shape.tokens)
-    head = _lm_head(model, head_tokens, tp)
+    logits = batch if phase is Phase.PREFILL else shape.tokens
+    embed, layers, head = _forward(model, (shape,), logits, tp, cold_experts)
     if phase is not Phase.TRAIN:
         return Step(phase, ((embed, 1), *layers, (head, 1)))
     forward = [(_for_training(layer), n) for layer, n in layers]
@@ -109,6 +98,36 @@ def step(
             (_optimizer(model, tp), 1),
         ),
     )
+
+
+def mixed_step(
+    model: ModelSpec, shapes: tuple[Shape, ...], logits: int, tp: int, cold_experts: float = 0.0
+) -> Step:
+    """One forward pass over several shapes at once, as a serving engine's iteration
+    runs decode steps beside chunks of prompts: every matmul over all their new tokens
+    (the weights read once), each shape's own attention. `logits`: the new tokens whose
+    next token is sampled (each decode step's, a prompt's last)."""
+    if not shapes or min(min(s.batch, s.new_tokens) for s in shapes) <= 0 or tp <= 0:
+        raise InvalidRequest(f"a pass needs shapes of positive sizes on sockets, got {shapes}")
+    if any(s.new_tokens > s.context for s in shapes):
+        raise InvalidRequest(f"a shape's context includes its new tokens: {shapes}")
+    embed, layers, head = _forward(model, shapes, logits, tp, cold_experts)
+    return Step(Phase.DECODE, ((embed, 1), *layers, (head, 1)))
+
+
+def _forward(
+    model: ModelSpec, shapes: tuple[Shape, ...], logits: int, tp: int, cold: float
+) -> tuple[Block, list[tuple[Block, int]], Block]:
+    """The embedding, the decoder layers with their repeats, the LM head."""
+    mapping = expert_mapping(model, tp)
+    check_tp(model, tp, mapping)
+    layers: list[tuple[Block, int]] = []
+    if model.dense_layers:
+        layers.append((decoder_layer(model, shapes, tp), model.dense_layers))
+    if model.moe_layers:
+        layers.append((decoder_layer(model, shapes, tp, mapping, cold), model.moe_layers))
+    tokens = sum(s.tokens for s in shapes)
+    return _embedding(model, tokens), layers, _lm_head(model, logits, tp)
 
 
 def _embedding(model: ModelSpec, tokens: int) -> Block:

@@ -32,7 +32,7 @@ from dataclasses import replace
 
 from rdurack.errors import InvalidRequest
 from rdurack.rack.models import ExpertMapping, ModelSpec, WeightFormat
-from rdurack.rack.ops import Block, Op, OpKind, Shape
+from rdurack.rack.ops import Block, Op, OpKind, Rows, Shape
 from rdurack.rack.routing import expert_load, touched
 
 # What an MoE layer's all-reduces do for its experts (see above): attention's leaves
@@ -49,19 +49,20 @@ UPCAST_FLOPS_PER_WEIGHT = 2
 
 def decoder_layer(
     model: ModelSpec,
-    s: Shape,
+    shapes: tuple[Shape, ...],
     tp: int,
-    causal: bool,
     moe: ExpertMapping | None = None,
     cold: float = 0.0,
 ) -> Block:
-    """One decoder layer: attention, then the dense MLP (`moe` None) or the MoE block.
-    `cold`: the fraction of the routed experts' weights held in DDR (rack/placement.py);
-    an expert touched there is copied into HBM before it runs."""
-    t, b, d = s.tokens, model.bytes_per_param, model.hidden
+    """One decoder layer over the tokens of `shapes` (one shape, or a serving engine's
+    mix of decode steps and prompt chunks): attention, then the dense MLP (`moe` None)
+    or the MoE block. `cold`: the fraction of the routed experts' weights held in DDR
+    (rack/placement.py); an expert touched there is copied into HBM before it runs."""
+    rows = Rows.of(shapes)
+    t, b, d = rows.tokens, model.bytes_per_param, model.hidden
     act = t * d * b  # one full hidden state
     ops = [Op("attn_norm", OpKind.ELEMENTWISE, 4 * t * d, d * b, act, act)]
-    ops += _mla(model, s, tp, causal) if model.mla is not None else _attention(model, s, tp, causal)
+    ops += _mla(model, shapes, tp) if model.mla is not None else _attention(model, rows, tp)
     if tp > 1:
         ops.append(Op("attn_all_reduce", OpKind.ALL_REDUCE, 0, reduce_bytes=act))
     ops += [
@@ -91,35 +92,35 @@ def _matmul(
 # ------------------------------------------------------------------ attention
 
 
-def _attention(model: ModelSpec, s: Shape, tp: int, causal: bool) -> list[Op]:
-    """Standard or grouped-query attention."""
-    b, t, d = model.bytes_per_param, s.tokens, model.hidden
+def _attention(model: ModelSpec, r: Rows, tp: int) -> list[Op]:
+    """Standard or grouped-query attention. Each new token attends to its shape's
+    `attended` keys (ops.Shape: half a prompt's context on average, a decode step's
+    whole context)."""
+    b, t, d = model.bytes_per_param, r.tokens, model.hidden
     q, kvd, shards = model.q_dim / tp, model.kv_dim / model.kv_shards(tp), model.kv_shards(tp)
     heads = model.heads / tp
-    # Causal attention: on average a query attends to half the context. A decode query
-    # attends to all of it (of a verification pass's new tokens, the i-th of n sees
-    # n - 1 - i fewer: at most a few draft tokens out of thousands, left out).
-    attended = s.context / 2 if causal else s.context
-    kv_cache = s.batch * s.context * model.kv_dim * b / shards  # K (or V) of every sequence
-    scores = heads * t * s.context * b
+    kv_cache = r.cached * model.kv_dim * b / shards  # K (or V) of every sequence
+    scores = heads * r.scored * b
     qkv = _matmul(model, "qkv_proj", t, d, q + 2 * kvd, d * (q + 2 * kvd), t * d * b)
     return [
         replace(qkv, kv_bytes=t * 2 * kvd * b),  # this step's K, V appended to the cache
         Op("rope", OpKind.ELEMENTWISE, 6 * t * (q + kvd), 0, *(2 * [t * (q + kvd) * b])),
-        Op("attn_scores", OpKind.ATTENTION, 2 * t * attended * q, 0, t * q * b, scores,
+        Op("attn_scores", OpKind.ATTENTION, 2 * r.attended * q, 0, t * q * b, scores,
            kv_bytes=kv_cache),
-        Op("softmax", OpKind.ELEMENTWISE, 5 * heads * t * s.context, 0, scores, scores),
-        Op("attn_v", OpKind.ATTENTION, 2 * t * attended * q, 0, scores, t * q * b,
+        Op("softmax", OpKind.ELEMENTWISE, 5 * heads * r.scored, 0, scores, scores),
+        Op("attn_v", OpKind.ATTENTION, 2 * r.attended * q, 0, scores, t * q * b,
            kv_bytes=kv_cache),
         _matmul(model, "o_proj", t, q, d, q * d, t * q * b),
     ]  # fmt: skip
 
 
-def _mla(model: ModelSpec, s: Shape, tp: int, causal: bool) -> list[Op]:
-    """Multi-head latent attention: absorbed in decode, expanded otherwise."""
+def _mla(model: ModelSpec, shapes: tuple[Shape, ...], tp: int) -> list[Op]:
+    """Multi-head latent attention: absorbed for decode steps, expanded for prompts (a
+    pass holding both runs each form on its own tokens, as vLLM's MLA backend does)."""
     a = model.mla
     assert a is not None
-    b, t, d = model.bytes_per_param, s.tokens, model.hidden
+    b, d = model.bytes_per_param, model.hidden
+    t = Rows.of(shapes).tokens
     h = model.heads / tp
     latent = a.cached  # per token and layer: latent + rotary key
     ops: list[Op] = []
@@ -132,37 +133,55 @@ def _mla(model: ModelSpec, s: Shape, tp: int, causal: bool) -> list[Op]:
     kv_down = _matmul(model, "kv_down", t, d, latent, d * latent, t * d * b)
     # Every socket appends the new tokens' latents to its own whole copy of the cache.
     ops.append(replace(kv_down, kv_bytes=t * latent * b))
-    cache = s.batch * s.context * latent * b
-    scores = h * t * s.context * b
-    if not causal:  # decode: absorbed
-        attended: float = s.context
-        ops += [
-            _matmul(model, "q_absorb", t * h, a.qk_nope_head_dim, a.kv_lora_rank,
-                    h * a.qk_nope_head_dim * a.kv_lora_rank, t * h * a.qk_nope_head_dim * b),
-            # The latent serves as key and as value: one read, charged to the scores.
-            Op("attn_scores", OpKind.ATTENTION, 2 * t * h * attended * latent, 0,
-               t * h * latent * b, scores, kv_bytes=cache),
-            Op("softmax", OpKind.ELEMENTWISE, 5 * h * t * s.context, 0, scores, scores),
-            Op("attn_v", OpKind.ATTENTION, 2 * t * h * attended * a.kv_lora_rank, 0, scores,
-               t * h * a.kv_lora_rank * b),
-            _matmul(model, "v_absorb", t * h, a.kv_lora_rank, a.v_head_dim,
-                    h * a.kv_lora_rank * a.v_head_dim, t * h * a.kv_lora_rank * b),
-        ]  # fmt: skip
-    else:  # prefill, training: expand the latent of every token into keys and values
-        attended = s.context / 2
-        kv_w = a.qk_nope_head_dim + a.v_head_dim
-        ops += [
-            _matmul(model, "kv_up", s.batch * s.context, a.kv_lora_rank, h * kv_w,
-                    a.kv_lora_rank * h * kv_w, s.batch * s.context * a.kv_lora_rank * b),
-            Op("attn_scores", OpKind.ATTENTION, 2 * t * h * attended * a.qk_head_dim, 0,
-               t * h * a.qk_head_dim * b, scores),
-            Op("softmax", OpKind.ELEMENTWISE, 5 * h * t * s.context, 0, scores, scores),
-            Op("attn_v", OpKind.ATTENTION, 2 * t * h * attended * a.v_head_dim, 0, scores,
-               t * h * a.v_head_dim * b),
-        ]  # fmt: skip
+    absorbed = Rows.of(tuple(s for s in shapes if not s.causal))
+    expanded = Rows.of(tuple(s for s in shapes if s.causal))
+    if absorbed.tokens:
+        ops += _mla_absorbed(model, absorbed, h)
+    if expanded.tokens:
+        ops += _mla_expanded(model, expanded, h)
     o = h * a.v_head_dim
     ops.append(_matmul(model, "o_proj", t, o, d, o * d, t * o * b))
     return ops
+
+
+def _mla_absorbed(model: ModelSpec, r: Rows, h: float) -> list[Op]:
+    """Decode: the key up-projection absorbed into the query, the value's into the
+    output; each new token attends over the cached latents directly."""
+    a = model.mla
+    assert a is not None
+    b, t = model.bytes_per_param, r.tokens
+    scores = h * r.scored * b
+    return [
+        _matmul(model, "q_absorb", t * h, a.qk_nope_head_dim, a.kv_lora_rank,
+                h * a.qk_nope_head_dim * a.kv_lora_rank, t * h * a.qk_nope_head_dim * b),
+        # The latent serves as key and as value: one read, charged to the scores.
+        Op("attn_scores", OpKind.ATTENTION, 2 * r.attended * h * a.cached, 0,
+           t * h * a.cached * b, scores, kv_bytes=r.cached * a.cached * b),
+        Op("softmax", OpKind.ELEMENTWISE, 5 * h * r.scored, 0, scores, scores),
+        Op("attn_v", OpKind.ATTENTION, 2 * r.attended * h * a.kv_lora_rank, 0, scores,
+           t * h * a.kv_lora_rank * b),
+        _matmul(model, "v_absorb", t * h, a.kv_lora_rank, a.v_head_dim,
+                h * a.kv_lora_rank * a.v_head_dim, t * h * a.kv_lora_rank * b),
+    ]  # fmt: skip
+
+
+def _mla_expanded(model: ModelSpec, r: Rows, h: float) -> list[Op]:
+    """Prefill and training: the latent of every cached token expanded into per-head
+    keys and values (DeepSeek-V2 Sec. 2.1.3)."""
+    a = model.mla
+    assert a is not None
+    b, t = model.bytes_per_param, r.tokens
+    scores = h * r.scored * b
+    kv_w = a.qk_nope_head_dim + a.v_head_dim
+    return [
+        _matmul(model, "kv_up", r.cached, a.kv_lora_rank, h * kv_w,
+                a.kv_lora_rank * h * kv_w, r.cached * a.kv_lora_rank * b),
+        Op("attn_scores", OpKind.ATTENTION, 2 * r.attended * h * a.qk_head_dim, 0,
+           t * h * a.qk_head_dim * b, scores),
+        Op("softmax", OpKind.ELEMENTWISE, 5 * h * r.scored, 0, scores, scores),
+        Op("attn_v", OpKind.ATTENTION, 2 * r.attended * h * a.v_head_dim, 0, scores,
+           t * h * a.v_head_dim * b),
+    ]  # fmt: skip
 
 
 # ------------------------------------------------------------------ MLP and experts

@@ -99,12 +99,42 @@ class Step:
 
 @dataclass(frozen=True, slots=True)
 class Shape:
-    """Tokens in flight: `batch` sequences of `new_tokens` each, attending to `context`."""
+    """Tokens in flight: `batch` sequences of `new_tokens` each, attending to `context`
+    tokens (the new ones included). Causal: each new token attends to those before it
+    only (a prompt, or a chunk of one); else every new token attends to the whole
+    context (a decode step; a verification pass's few drafts are counted so too)."""
 
     batch: int
     new_tokens: int
     context: int
+    causal: bool = False
 
     @property
     def tokens(self) -> int:
         return self.batch * self.new_tokens
+
+    @property
+    def attended(self) -> float:
+        """Keys a new token attends to, on average."""
+        return self.context - self.new_tokens / 2 if self.causal else self.context
+
+
+@dataclass(frozen=True, slots=True)
+class Rows:
+    """What a pass's operators see of its shapes, summed over them: a pass may hold
+    several (an iteration of a serving engine: decode steps beside a chunk of a prompt).
+    A matmul runs over every new token; attention sums each shape's own work."""
+
+    tokens: int  # new tokens: the rows of every matmul
+    cached: int  # sequences x context: KV-cache tokens read
+    scored: int  # new tokens x context: attention scores per head
+    attended: float  # new tokens x the keys each attends to: query-key products per head
+
+    @classmethod
+    def of(cls, shapes: tuple[Shape, ...]) -> Rows:
+        return cls(
+            tokens=sum(s.tokens for s in shapes),
+            cached=sum(s.batch * s.context for s in shapes),
+            scored=sum(s.tokens * s.context for s in shapes),
+            attended=sum(s.tokens * s.attended for s in shapes),
+        )

@@ -15,7 +15,7 @@ from typing import Any
 
 from rdurack.errors import InvalidRequest
 from rdurack.rack.calibration import fitted_values
-from rdurack.rack.kernels import FusionPlan, Phase, Step, step
+from rdurack.rack.kernels import FusionPlan, Phase, Shape, Step, mixed_step, step
 from rdurack.rack.layers import expert_mapping
 from rdurack.rack.models import ModelSpec
 from rdurack.rack.placement import Placement, place
@@ -42,6 +42,7 @@ class Predictor:
         self._collectives = collectives  # shared with other predictors (rack/timing.py)
         self._timers: dict[int, Timer] = {}
         self._step = lru_cache(maxsize=4096)(self._step_uncached)
+        self._mixed = lru_cache(maxsize=4096)(self._mixed_uncached)
 
     def timer(self, sockets: int) -> Timer:
         if sockets not in self._timers:
@@ -96,6 +97,29 @@ class Predictor:
         """One step; `cold`: the share of the routed experts in DDR (default: as this
         step's own KV cache leaves them; a serve batch passes its final placement's)."""
         return self._step(model, phase, plan, batch, seq, sockets, cold)
+
+    def mixed(
+        self,
+        model: ModelSpec,
+        plan: FusionPlan,
+        shapes: tuple[Shape, ...],
+        logits: int,
+        sockets: int,
+        cold: float,
+    ) -> StepTiming:
+        """One pass over several shapes at once (rack/kernels.py `mixed_step`)."""
+        return self._mixed(model, plan, shapes, logits, sockets, cold)
+
+    def _mixed_uncached(
+        self,
+        model: ModelSpec,
+        plan: FusionPlan,
+        shapes: tuple[Shape, ...],
+        logits: int,
+        sockets: int,
+        cold: float,
+    ) -> StepTiming:
+        return self.timer(sockets).step(mixed_step(model, shapes, logits, sockets, cold), plan)
 
     @property
     def invocation_s(self) -> float:

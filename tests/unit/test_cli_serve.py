@@ -143,6 +143,9 @@ def test_several_rates_make_a_study_of_the_stream() -> None:
     assert [line.split(" | ")[0] for line in lines[2:4]] == ["| 2", "| 50"]
     assert "continuous batching up to 64, 40 requests." in done.stdout
     assert "rate 50/s: " not in done.stderr  # 40 requests: no progress line is due
+    chunked = rdu_json(*args, "--policy", "chunked-prefill", "--chunk-tokens", "128")["rows"]
+    assert [r["chunk_tokens"] for r in chunked] == [128, 128]
+    assert [r["chunk_tokens"] for r in rows] == [None, None]
 
 
 @pytest.mark.parametrize(
@@ -155,6 +158,8 @@ def test_several_rates_make_a_study_of_the_stream() -> None:
         (["--arrivals", "poisson", "--rate", "2,x"], "--rate: requests per second, positive"),
         (["--trace", "x.csv", "--rate", "2"], "a trace's requests arrive when it says"),
         (["--markdown"], "it needs --arrivals"),
+        (["--arrivals", "poisson", "--rate", "1", "--chunk-tokens", "64"], "chunked-prefill's"),
+        (["--chunk-tokens", "64"], "need --arrivals or --trace"),
         (["--arrivals", "poisson", "--rate", "1", "--batch-size", "4"], "drop --batch-size"),
         (["--arrivals", "poisson", "--rate", "1", "--speculative"], "--speculative"),
         (["--arrivals", "poisson", "--rate", "1", "--trace", "x.csv"], "give one"),

@@ -9,6 +9,8 @@ from rdurack.rack.kernels import (
     ADAM_BYTES_PER_PARAM,
     OpKind,
     Phase,
+    Shape,
+    mixed_step,
     step,
 )
 from rdurack.rack.models import model
@@ -139,3 +141,49 @@ def test_new_tokens_belong_to_decode_and_fit_their_context() -> None:
         step(M, Phase.DECODE, 1, 4, 1, new_tokens=5)
     with pytest.raises(InvalidRequest, match="positive"):
         step(M, Phase.DECODE, 1, 128, 1, new_tokens=0)
+
+
+# ------------------------------------------------------------------ mixed passes
+
+
+@pytest.mark.parametrize("name", ["llama2-7b", "deepseek-r1"])
+@pytest.mark.parametrize(
+    ("phase", "batch", "seq"), [(Phase.DECODE, 8, 700), (Phase.PREFILL, 2, 333)]
+)
+def test_a_pass_of_one_shape_is_the_step(name: str, phase: Phase, batch: int, seq: int) -> None:
+    m = model(name)
+    tp = 16 if m.moe else 4
+    new = 1 if phase is Phase.DECODE else seq
+    shape = Shape(batch, new, seq, causal=phase is Phase.PREFILL)
+    logits = batch if phase is Phase.PREFILL else shape.tokens
+    assert mixed_step(m, (shape,), logits, tp).blocks == step(m, phase, batch, seq, tp).blocks
+
+
+def test_a_mixed_pass_reads_the_weights_once_and_sums_the_attention() -> None:
+    decode, chunk = Shape(8, 1, 700), Shape(1, 256, 512, causal=True)
+    both = mixed_step(M, (decode, chunk), 8, 1)
+    alone = [mixed_step(M, (s,), logits, 1) for s, logits in ((decode, 8), (chunk, 0))]
+    # The weights once; the embedding's rows are per token (a lookup, not a matrix read).
+    rows = 256 * M.hidden * M.bytes_per_param
+    assert both.weight_bytes == pytest.approx(alone[0].weight_bytes + rows)
+    assert both.flops == pytest.approx(alone[0].flops + alone[1].flops)
+    # The chunk's 256 tokens attend to the 256 before them and, causally, to each other.
+    (layer,) = [b for b, _ in alone[1].blocks if b.name == "decoder_layer"]
+    (scores,) = [op for op in layer.ops if op.name == "attn_scores"]
+    assert scores.flops == pytest.approx(2 * 256 * (256 + 256 / 2) * M.q_dim)
+
+
+def test_an_mla_pass_absorbs_its_decodes_and_expands_its_prompts() -> None:
+    ds = model("deepseek-r1")
+    s = mixed_step(ds, (Shape(4, 1, 900), Shape(1, 128, 128, causal=True)), 5, 16)
+    (layer,) = [b for b, _ in s.blocks if b.name == "moe_layer"]
+    names = [op.name for op in layer.ops]
+    assert "q_absorb" in names and "kv_up" in names
+    assert names.count("attn_scores") == 2
+
+
+def test_a_pass_of_bad_shapes_is_refused() -> None:
+    with pytest.raises(InvalidRequest, match="positive sizes"):
+        mixed_step(M, (), 0, 1)
+    with pytest.raises(InvalidRequest, match="includes its new tokens"):
+        mixed_step(M, (Shape(1, 10, 5),), 1, 1)

@@ -110,12 +110,12 @@ def test_continuous_batching_admits_at_every_iteration_and_frees_at_once() -> No
     b = Arrival(2, 0.0, 100, 5)  # outlives a
     s.arrive(a)
     first = s.next(0.0)
-    assert first is not None and [r.arrival for r in first.prefill] == [a]
+    assert first is not None and [(r.arrival, n) for r, n in first.prefill] == [(a, 100)]
     s.finish(first, 1.0)
     s.arrive(b)
     s.arrive(c)
     joined = s.next(1.0)  # b joins; c waits for a slot
-    assert joined is not None and [r.arrival for r in joined.prefill] == [b]
+    assert joined is not None and [r.arrival for r, _ in joined.prefill] == [b]
     assert list(s.waiting) == [c]
     s.finish(joined, 2.0)
     step = s.next(2.0)
@@ -124,7 +124,7 @@ def test_continuous_batching_admits_at_every_iteration_and_frees_at_once() -> No
     s.finish(s.next(3.0) or Iteration(), 4.0)  # a's third token: a leaves
     assert [r.arrival for r in s.running] == [b]
     admitted = s.next(4.0)
-    assert admitted is not None and [r.arrival for r in admitted.prefill] == [c]
+    assert admitted is not None and [r.arrival for r, _ in admitted.prefill] == [c]
 
 
 def test_a_static_batch_keeps_its_done_requests_as_padding_until_it_ends() -> None:
@@ -138,6 +138,27 @@ def test_a_static_batch_keeps_its_done_requests_as_padding_until_it_ends() -> No
         (0, 1, 1),
         (0, 1, 1),
     ]
+
+
+def test_chunked_prefill_fills_a_token_budget_decodes_first() -> None:
+    s = Scheduler(Policy.CHUNKED, max_batch=8, kv_budget_tokens=10_000, chunk_tokens=64)
+    s.arrive(Arrival(0, 0, 100, 3))
+    s.arrive(Arrival(1, 0, 30, 3))
+    one = s.next(0.0)
+    assert one is not None
+    assert [(r.arrival.index, n) for r, n in one.prefill] == [(0, 64)]  # the budget, whole
+    s.finish(one, 1.0)
+    assert [r.generated for r in s.running] == [0]  # no token before the last chunk
+    two = s.next(1.0)
+    assert two is not None  # the rest of 0, then 28 of 1's 30
+    assert [(r.arrival.index, n) for r, n in two.prefill] == [(0, 36), (1, 28)]
+    s.finish(two, 2.0)
+    three = s.next(2.0)
+    assert three is not None
+    assert [r.arrival.index for r in three.decode] == [0]  # its first token came at 2.0
+    assert [(r.arrival.index, n) for r, n in three.prefill] == [(1, 2)]
+    s.finish(three, 3.0)
+    assert [r.token_s for r in s.running] == [[2.0, 3.0], [3.0]]
 
 
 def test_admission_waits_for_the_kv_cache_and_refuses_what_never_fits() -> None:
@@ -172,19 +193,33 @@ def test_a_static_batch_arriving_at_once_is_what_predict_serve_says(
     assert r.iterations == 64 and r.mean_batch == batch
 
 
-def test_a_decode_at_a_fractional_mean_context_is_between_its_neighbours() -> None:
+def test_a_decode_of_two_contexts_costs_the_mean_of_the_two_uniform_batches() -> None:
+    """A step is linear in its contexts away from a kink: attention adds up per
+    sequence, the weights are read once."""
     p = Predictor(RACK)
     model = MODELS["llama3.1-70b"]
     pricer = Pricer(p, model, 8, FusionPlan.KERNEL_LOOPED)
-    rows = [Running(Arrival(i, 0, 1000 + i, 50), 0.0, generated=1) for i in range(2)]
-    mid = pricer(Iteration(decode=tuple(rows))).seconds  # contexts 1001 and 1002
+    rows = [Running(Arrival(i, 0, 1000 + i, 50), 0.0, 1000 + i, 1) for i in range(2)]
+    mixed = pricer(Iteration(decode=tuple(rows))).seconds  # contexts 1001 and 1002
 
     def at(context: int) -> float:
         step = p.step(model, Phase.DECODE, FusionPlan.KERNEL_LOOPED, 2, context, 8, 0.0)
         return step.total_s
 
-    assert mid == pytest.approx((at(1001) + at(1002)) / 2, rel=1e-12)
-    assert at(1001) < mid < at(1002)
+    assert mixed == pytest.approx((at(1001) + at(1002)) / 2, rel=1e-9)
+    assert at(1001) < mixed < at(1002)
+
+
+def test_an_iteration_pays_the_invocation_when_it_starts_a_request() -> None:
+    p = Predictor(RACK)
+    pricer = Pricer(p, MODELS["llama3.1-8b"], 1, FusionPlan.KERNEL_LOOPED)
+    fresh, under_way = Running(Arrival(0, 0, 200, 5), 0.0), Running(Arrival(1, 0, 200, 5), 0.0)
+    under_way.prefilled = 100
+    start = pricer(Iteration(prefill=((fresh, 100),)))
+    go_on = pricer(Iteration(prefill=((under_way, 100),)))
+    assert start.launch_s - go_on.launch_s == pytest.approx(p.invocation_s)
+    # The second chunk attends to the first: it costs more than the invocation apart.
+    assert go_on.seconds > start.seconds - p.invocation_s
 
 
 def test_the_kv_budget_is_what_leaves_the_experts_in_hbm() -> None:
@@ -206,6 +241,17 @@ def test_continuous_batching_beats_static_at_the_p99_ttft_of_a_poisson_stream() 
     assert static.requests == continuous.requests == 200
     # The same tokens: each request its 128.
     assert static.output_tokens_per_s * static.span_s == pytest.approx(200 * 128)
+
+
+def test_chunked_prefill_bounds_the_inter_token_tail_that_whole_prefills_make() -> None:
+    p = Predictor(RACK)
+    stream = poisson(6.0, 150, 1024, 128, seed=2)
+    setting = StreamSetting("llama3.1-70b", 8, Policy.CONTINUOUS, 32)
+    whole = replay(p, setting, stream, MODELS)
+    chunked = replay(p, replace(setting, policy=Policy.CHUNKED), stream, MODELS)
+    assert chunked.itl_s.p99 < whole.itl_s.p99
+    assert chunked.itl_s.max < whole.itl_s.max
+    assert (chunked.chunk_tokens, whole.chunk_tokens) == (512, None)
 
 
 def test_goodput_counts_the_requests_that_met_their_slos() -> None:

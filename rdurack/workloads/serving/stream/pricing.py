@@ -1,27 +1,27 @@
 """What an iteration costs the model's sockets, by the one timing model.
 
-- A prefill iteration: the prompts it admits, those of one length as one batched pass
-  (`Predictor.step` at that batch and length), after the model's invocation (its
-  program and argument load), as a batch's prefill is priced (serving/costs.py). Two
-  prompts of different lengths are two passes: the timing model prices a pass of one
-  length, and a causal pass's attention grows with the square of its length, which a
-  mean length would understate.
-- A decode iteration: one step of every request in it, the batch attending to its
-  mean context. A step's cost is linear in the context its sequences attend to
-  (KV-cache reads and attention FLOPs add up over the sequences; weights are read once
-  for the batch), so the mean is exact; at a fractional mean the cost is interpolated
-  between the two integer contexts around it, as a speculative iteration's is.
+An iteration is one forward pass (rack/kernels.py `mixed_step`): every matmul runs over
+all its new tokens, reading the weights once, and attention sums each request's own
+work. The requests are grouped into shapes of equal lengths: prompts (or chunks of
+them) that attend causally to what precedes them, decode steps that attend to their
+whole context. So the cost is exact whatever the mix, and a batch of equal requests
+arriving at once costs what `rdu predict serve` says of it.
 
-The budget of the KV cache is what leaves every routed expert in HBM (rack/placement.py
-`capacity`), so no step copies experts from DDR.
+- An iteration that starts a request (its prompt's first tokens) pays the model's
+  invocation first (PAPER Sec. III's program and argument load, fitted at about 40 ms:
+  docs/figures.md), as a batch's prefill does (serving/costs.py); the later chunks of a
+  prompt under way do not, nor does a decode step.
+- Plans: a prefill-only iteration runs the prefill's plan (fused, hardware-orchestrated
+  under a kernel-looped decode); any other the decode's.
+- The KV budget is what leaves every routed expert in HBM (rack/placement.py
+  `capacity`), so no step copies experts from DDR.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from math import floor
 
-from rdurack.rack.kernels import FusionPlan, Phase
+from rdurack.rack.kernels import FusionPlan, Shape
 from rdurack.rack.models import ModelSpec
 from rdurack.rack.placement import capacity
 from rdurack.workloads.predictor import Predictor
@@ -36,6 +36,21 @@ def kv_budget_tokens(p: Predictor, model: ModelSpec, sockets: int) -> int:
     return capacity(model, p.platform, sockets, context=1).max_batch_experts_in_hbm
 
 
+def shapes(it: Iteration) -> tuple[tuple[Shape, ...], int]:
+    """The iteration's shapes, equal ones merged (sorted, so that equal iterations are
+    equal keys), and the new tokens whose next token is sampled."""
+    count: Counter[tuple[int, int, bool]] = Counter()
+    logits = 0
+    for r, n in it.prefill:
+        count[(n, r.prefilled + n, True)] += 1
+        logits += r.prefilled + n == r.arrival.prompt_tokens  # a prompt's last chunk
+    for r in (*it.decode, *it.padding):  # padding: computed at its final context
+        count[(1, r.context, False)] += 1
+        logits += 1
+    merged = tuple(Shape(k, new, context, causal) for (new, context, causal), k in count.items())
+    return tuple(sorted(merged, key=lambda s: (s.causal, s.new_tokens, s.context))), logits
+
+
 class Pricer:
     """Prices iterations of one model on `sockets` sockets."""
 
@@ -48,29 +63,12 @@ class Pricer:
         self.prefill_plan = FusionPlan.FUSED_HO if plan is FusionPlan.KERNEL_LOOPED else plan
 
     def __call__(self, it: Iteration) -> Cost:
-        cost = Cost()
-        if it.prefill:
+        parts, logits = shapes(it)
+        prefill_only = not it.decode and not it.padding
+        plan = self.prefill_plan if prefill_only else self.plan
+        timing = self.predictor.mixed(self.model, plan, parts, logits, self.sockets, HOT)
+        cost = Cost.of(timing)
+        if any(r.prefilled == 0 for r, _ in it.prefill):
             invocation = self.predictor.invocation_s
             cost += Cost(seconds=invocation, launch_s=invocation)
-            lengths = Counter(r.arrival.prompt_tokens for r in it.prefill)
-            for length, count in sorted(lengths.items()):
-                cost += self._step(Phase.PREFILL, self.prefill_plan, count, length)
-        members = (*it.decode, *it.padding)
-        if members:
-            # A done request (padding) is computed at its final context.
-            mean = sum(r.context for r in members) / len(members)
-            cost += self._decode(len(members), mean)
         return cost
-
-    def _step(self, phase: Phase, plan: FusionPlan, batch: int, seq: int) -> Cost:
-        timing = self.predictor.step(self.model, phase, plan, batch, seq, self.sockets, HOT)
-        return Cost.of(timing)
-
-    def _decode(self, batch: int, context: float) -> Cost:
-        low = floor(context)
-        share = context - low
-        lo = self._step(Phase.DECODE, self.plan, batch, low)
-        if share < 1e-9:
-            return lo
-        hi = self._step(Phase.DECODE, self.plan, batch, low + 1)
-        return Cost(*(x + (y - x) * share for x, y in zip(lo.vector(), hi.vector(), strict=True)))

@@ -20,7 +20,13 @@ from rdurack.workloads.predictor import Predictor
 from rdurack.workloads.serving.stream.arrivals import Arrival
 from rdurack.workloads.serving.stream.pricing import Pricer, kv_budget_tokens
 from rdurack.workloads.serving.stream.report import StreamReport, summarize
-from rdurack.workloads.serving.stream.scheduler import Policy, Refused, Running, Scheduler
+from rdurack.workloads.serving.stream.scheduler import (
+    DEFAULT_CHUNK_TOKENS,
+    Policy,
+    Refused,
+    Running,
+    Scheduler,
+)
 
 # How often a long replay reports its progress: every this many served requests.
 PROGRESS_EVERY = 50
@@ -34,6 +40,7 @@ class StreamSetting:
     sockets: int | None = None  # None: every socket of the platform
     policy: Policy = Policy.CONTINUOUS
     max_batch: int = 64
+    chunk_tokens: int = DEFAULT_CHUNK_TOKENS  # chunked-prefill's tokens per iteration
     plan: FusionPlan | None = None  # None: the platform's default decode plan
     expert_mapping: ExpertMapping | None = None
     slo_ttft_s: float | None = None
@@ -57,7 +64,8 @@ def replay(
     dataflow = p.platform.socket.kernels.dataflow_fusion
     plan = setting.plan or (FusionPlan.KERNEL_LOOPED if dataflow else FusionPlan.UNFUSED)
     pricer = Pricer(p, model, sockets, plan)
-    scheduler = Scheduler(setting.policy, setting.max_batch, kv_budget_tokens(p, model, sockets))
+    budget = kv_budget_tokens(p, model, sockets)
+    scheduler = Scheduler(setting.policy, setting.max_batch, budget, setting.chunk_tokens)
     served: list[Running] = []
     refusals: list[str] = []
     now, i, iterations, batch_sum = 0.0, 0, 0, 0
@@ -95,5 +103,6 @@ def replay(
         num_sockets=sockets,
         policy=setting.policy.value,
         max_batch=setting.max_batch,
+        chunk_tokens=setting.chunk_tokens if setting.policy is Policy.CHUNKED else None,
         kv_budget_tokens=scheduler.kv_budget_tokens,
     )

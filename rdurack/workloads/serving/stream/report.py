@@ -48,6 +48,7 @@ class StreamReport(Config):
     num_sockets: int = 0
     policy: str = ""
     max_batch: int = 0
+    chunk_tokens: int | None = None  # chunked prefill's new tokens per iteration
     kv_budget_tokens: int = 0  # the KV cache the sockets hold beside the weights
     requests: int = 0  # served
     refused: int = 0  # could never fit (see `refusals`)

@@ -1,7 +1,8 @@
 """Which requests run in each iteration of a model's sockets: the batching policies.
 
-An *iteration* is one pass over the model: the prefill of some prompts, or one decode
-step of every running request. The scheduler decides what the next one holds; whoever
+An *iteration* is one pass over the model: the prefill of some prompts, one decode step
+of every running request, or (chunked prefill) decode steps and chunks of prompts
+together. The scheduler decides what the next one holds; whoever
 drives it (`replay` in the predictor, the endpoint on the socket actors) prices or runs
 it and says when it ended. It knows no clock of its own and no timing model.
 
@@ -14,6 +15,10 @@ Policies:
   requests join while a slot and their KV cache are free. An iteration that admits
   requests prefills them alone (their prompts, whole); the others' decode waits for it
   (vLLM's default without chunked prefill). A done request leaves at once.
+- `chunked-prefill` (as Sarathi-Serve): every iteration holds at most `chunk_tokens`
+  new tokens: one for each running request's decode step first, then chunks of the
+  prompts being prefilled (first come, first served), then of newly admitted ones. A
+  prompt's last chunk yields its first token. Decodes never wait for a whole prompt.
 
 Admission reserves a request's whole KV cache (prompt and output tokens) when it
 starts, so a running request never runs out of HBM and nothing is preempted; a request
@@ -35,6 +40,12 @@ from rdurack.workloads.serving.stream.arrivals import Arrival
 class Policy(StrEnum):
     STATIC = "static"
     CONTINUOUS = "continuous"
+    CHUNKED = "chunked-prefill"
+
+
+# Assumption: 512 new tokens per chunked-prefill iteration, the smaller of the two token
+# budgets Sarathi-Serve evaluates (512 and 2048); set it with --chunk-tokens.
+DEFAULT_CHUNK_TOKENS = 512
 
 
 @dataclass(eq=False)
@@ -43,6 +54,7 @@ class Running:
 
     arrival: Arrival
     admitted_s: float
+    prefilled: int = 0  # prompt tokens processed
     generated: int = 0  # output tokens produced (the prefill yields the first)
     token_s: list[float] = field(default_factory=list)  # when each output token was out
 
@@ -57,16 +69,22 @@ class Running:
         return self.arrival.prompt_tokens + self.generated
 
     @property
+    def decoding(self) -> bool:
+        """Its prompt is prefilled and it has tokens left to generate."""
+        return self.prefilled == self.arrival.prompt_tokens and not self.done
+
+    @property
     def done(self) -> bool:
         return self.generated >= self.arrival.output_tokens
 
 
 @dataclass(frozen=True)
 class Iteration:
-    """One pass over the model: the prompts it prefills, or the requests it decodes one
-    token for (`padding`: static batching's done requests, computed all the same)."""
+    """One pass over the model: the prompt tokens it prefills (a request and how many
+    of its prompt's tokens, from its `prefilled`), the requests it decodes one token
+    for, and static batching's done requests, computed all the same (`padding`)."""
 
-    prefill: tuple[Running, ...] = ()
+    prefill: tuple[tuple[Running, int], ...] = ()
     decode: tuple[Running, ...] = ()
     padding: tuple[Running, ...] = ()
 
@@ -82,10 +100,20 @@ class Refused(InvalidRequest):
 class Scheduler:
     """The queue and the running batch of one model on its sockets."""
 
-    def __init__(self, policy: Policy, max_batch: int, kv_budget_tokens: int) -> None:
-        """`kv_budget_tokens`: the KV-cache tokens the sockets hold beside the weights."""
-        if max_batch <= 0:
-            raise InvalidRequest(f"max batch must be positive, got {max_batch}")
+    def __init__(
+        self,
+        policy: Policy,
+        max_batch: int,
+        kv_budget_tokens: int,
+        chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+    ) -> None:
+        """`kv_budget_tokens`: the KV-cache tokens the sockets hold beside the weights;
+        `chunk_tokens`: a chunked-prefill iteration's new tokens, at most."""
+        if max_batch <= 0 or chunk_tokens <= 0:
+            raise InvalidRequest(
+                f"max batch and chunk tokens must be positive, got {max_batch}, {chunk_tokens}"
+            )
+        self.chunk_tokens = chunk_tokens
         if kv_budget_tokens <= 0:
             raise InvalidRequest("the model leaves no HBM for a KV cache on these sockets")
         self.policy = policy
@@ -117,37 +145,63 @@ class Scheduler:
         """The next iteration from `now_s`, admitting what the policy lets in; None when
         nothing can run (no request, or every waiting one blocked on memory while
         nothing runs, which `arrive` rules out)."""
-        if self.policy is Policy.STATIC:
-            if not self.running:
-                admitted = self._admit(now_s)
-                return Iteration(prefill=tuple(admitted)) if admitted else None
+        if self.policy is Policy.CHUNKED:
+            return self._chunked(now_s)
+        if self.policy is Policy.STATIC and self.running:
             live = tuple(r for r in self.running if not r.done)
             return Iteration(decode=live, padding=tuple(r for r in self.running if r.done))
         admitted = self._admit(now_s)
         if admitted:
-            return Iteration(prefill=tuple(admitted))
+            return Iteration(prefill=tuple((r, r.arrival.prompt_tokens) for r in admitted))
         return Iteration(decode=tuple(self.running)) if self.running else None
 
-    def _admit(self, now_s: float) -> list[Running]:
-        """First come, first served, while a slot and the KV cache are free."""
-        admitted = []
-        free = self.kv_budget_tokens - self.reserved_tokens
-        while self.waiting and len(self.running) < self.max_batch:
-            head = self.waiting[0]
-            need = head.prompt_tokens + head.output_tokens
-            if need > free:
+    def _chunked(self, now_s: float) -> Iteration | None:
+        """Decode steps first, then chunks of prompts under way, then of new ones."""
+        decode = tuple(r for r in self.running if r.decoding)
+        budget = self.chunk_tokens - len(decode)
+        chunks: list[tuple[Running, int]] = []
+        for under_way in [r for r in self.running if not r.decoding and not r.done]:
+            if budget <= 0:
                 break
-            self.waiting.popleft()
-            r = Running(head, now_s)
-            self.running.append(r)
+            n = min(under_way.arrival.prompt_tokens - under_way.prefilled, budget)
+            chunks.append((under_way, n))
+            budget -= n
+        while budget > 0 and (new := self._admit_one(now_s)) is not None:
+            n = min(new.arrival.prompt_tokens, budget)
+            chunks.append((new, n))
+            budget -= n
+        if not decode and not chunks:
+            return None
+        return Iteration(prefill=tuple(chunks), decode=decode)
+
+    def _admit(self, now_s: float) -> list[Running]:
+        """Every waiting request that can start now, first come first served."""
+        admitted: list[Running] = []
+        while (r := self._admit_one(now_s)) is not None:
             admitted.append(r)
-            free -= need
         return admitted
+
+    def _admit_one(self, now_s: float) -> Running | None:
+        """The head of the queue, started, if a slot and its KV cache are free."""
+        if not self.waiting or len(self.running) >= self.max_batch:
+            return None
+        head = self.waiting[0]
+        if head.prompt_tokens + head.output_tokens > self.kv_budget_tokens - self.reserved_tokens:
+            return None
+        self.waiting.popleft()
+        r = Running(head, now_s)
+        self.running.append(r)
+        return r
 
     def finish(self, it: Iteration, end_s: float) -> list[Running]:
         """The iteration ended at `end_s`: each of its requests has one more token. The
         requests it finished (continuous: they leave now; static: with the batch)."""
-        for r in (*it.prefill, *it.decode):
+        for r, n in it.prefill:
+            r.prefilled += n
+            if r.prefilled == r.arrival.prompt_tokens:  # its last chunk: the first token
+                r.generated += 1
+                r.token_s.append(end_s)
+        for r in it.decode:
             r.generated += 1
             r.token_s.append(end_s)
         if self.policy is Policy.STATIC:
