@@ -39,6 +39,10 @@ def fault_from_proto(p: fault_pb2.Fault, topology: Topology) -> Fault:
         raise InvalidRequest(f"fault.kind: {p.kind} is not a fault kind")
     if not p.id:
         raise InvalidRequest("fault.id: required")
+    try:
+        injected_s = p.injected_time.ToNanoseconds() * 1e-9
+    except ValueError as e:  # seconds outside what a Timestamp may hold
+        raise InvalidRequest(f"fault.injected_time: {e}") from None
     return make_fault(
         KINDS[p.kind],
         topology,
@@ -47,5 +51,5 @@ def fault_from_proto(p: fault_pb2.Fault, topology: Topology) -> Fault:
         nodes=tuple(p.node_indices),
         slow_factor=p.slow_factor,
         extra_latency_ns=p.extra_latency_ns,
-        injected_s=p.injected_time.ToNanoseconds() * 1e-9,
+        injected_s=injected_s,
     )

@@ -153,3 +153,15 @@ def test_healing_a_fault_on_an_agent_that_does_not_answer_says_so(
     with pytest.raises(LinkFailure, match="not on: node 0"):
         faults.heal(f.id)
     assert gateway.in_force[1] == {}  # ended where the agent answered
+
+
+def test_a_fault_from_the_wire_with_an_impossible_time_is_refused_by_name() -> None:
+    """Found by tests/integration/test_fuzz_node_agent.py: a Timestamp whose seconds lie
+    outside its range made InjectFault answer INTERNAL."""
+    from rdurack.v1 import fault_pb2
+    from rdurack.wire.faults import KINDS, fault_from_proto
+
+    p = fault_pb2.Fault(id="f-9", kind=next(iter(KINDS)), socket_ids=["rdu-n0-s0"])
+    p.injected_time.seconds = -(2**63)
+    with pytest.raises(InvalidRequest, match=r"fault\.injected_time: .*Seconds"):
+        fault_from_proto(p, TOPO)
