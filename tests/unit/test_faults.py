@@ -159,9 +159,9 @@ def test_a_fault_from_the_wire_with_an_impossible_time_is_refused_by_name() -> N
     """Found by tests/integration/test_fuzz_node_agent.py: a Timestamp whose seconds lie
     outside its range made InjectFault answer INTERNAL."""
     from rdurack.v1 import fault_pb2
-    from rdurack.wire.faults import KINDS, fault_from_proto
+    from rdurack.wire.faults import fault_from_proto
 
-    p = fault_pb2.Fault(id="f-9", kind=next(iter(KINDS)), socket_ids=["rdu-n0-s0"])
+    p = fault_pb2.Fault(id="f-9", kind=fault_pb2.FAULT_KIND_KILL_SOCKET, socket_ids=["rdu-n0-s0"])
     p.injected_time.seconds = -(2**63)
     with pytest.raises(InvalidRequest, match=r"fault\.injected_time: .*Seconds"):
         fault_from_proto(p, TOPO)
