@@ -22,6 +22,7 @@ from rdurack.cli import (
     predict,
     rack,
     security,
+    serve,
     trace,
     train,
 )
@@ -53,6 +54,7 @@ def build_app() -> typer.Typer:
             "jobs": talks_to_orchestrator(jobs.jobs_cmd),
             "status": talks_to_orchestrator(rack.status_cmd),
             "demo": demo.demo_cmd,
+            "serve": serve.serve_cmd,
             "certs": security.certs_cmd,
             "token": security.token_cmd,
             "trace": trace.trace_cmd,

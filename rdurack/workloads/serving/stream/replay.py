@@ -47,6 +47,23 @@ class StreamSetting:
     slo_itl_s: float | None = None
 
 
+def prepare(
+    p: Predictor, setting: StreamSetting, models: dict[str, ModelSpec]
+) -> tuple[Pricer, Scheduler]:
+    """The model of `setting` on its sockets: what prices its iterations, and its
+    scheduler (its KV budget what the sockets hold beside the weights)."""
+    if setting.model not in models:
+        raise UnknownName("model", setting.model, sorted(models))
+    model = models[setting.model].placed(setting.expert_mapping)
+    sockets = p.platform.sockets if setting.sockets is None else setting.sockets
+    tp_group(p.platform, sockets)  # a socket count the platform has
+    dataflow = p.platform.socket.kernels.dataflow_fusion
+    plan = setting.plan or (FusionPlan.KERNEL_LOOPED if dataflow else FusionPlan.UNFUSED)
+    budget = kv_budget_tokens(p, model, sockets)
+    scheduler = Scheduler(setting.policy, setting.max_batch, budget, setting.chunk_tokens)
+    return Pricer(p, model, sockets, plan), scheduler
+
+
 def replay(
     p: Predictor,
     setting: StreamSetting,
@@ -56,16 +73,7 @@ def replay(
 ) -> StreamReport:
     """Serve `arrivals` (sorted by time) on the predictor's platform; `progress(done,
     total)` is told every PROGRESS_EVERY served requests."""
-    if setting.model not in models:
-        raise UnknownName("model", setting.model, sorted(models))
-    model = models[setting.model].placed(setting.expert_mapping)
-    sockets = p.platform.sockets if setting.sockets is None else setting.sockets
-    tp_group(p.platform, sockets)  # a socket count the platform has
-    dataflow = p.platform.socket.kernels.dataflow_fusion
-    plan = setting.plan or (FusionPlan.KERNEL_LOOPED if dataflow else FusionPlan.UNFUSED)
-    pricer = Pricer(p, model, sockets, plan)
-    budget = kv_budget_tokens(p, model, sockets)
-    scheduler = Scheduler(setting.policy, setting.max_batch, budget, setting.chunk_tokens)
+    pricer, scheduler = prepare(p, setting, models)
     served: list[Running] = []
     refusals: list[str] = []
     now, i, iterations, batch_sum = 0.0, 0, 0, 0
@@ -99,8 +107,8 @@ def replay(
         setting.slo_ttft_s,
         setting.slo_itl_s,
         platform=p.platform.name,
-        model=model.name,
-        num_sockets=sockets,
+        model=pricer.model.name,
+        num_sockets=pricer.sockets,
         policy=setting.policy.value,
         max_batch=setting.max_batch,
         chunk_tokens=setting.chunk_tokens if setting.policy is Policy.CHUNKED else None,

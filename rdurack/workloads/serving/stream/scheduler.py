@@ -193,6 +193,18 @@ class Scheduler:
         self.running.append(r)
         return r
 
+    def drop(self, index: int) -> bool:
+        """Take request `index` out, waiting or running (a client gone, a stop sequence
+        met): its slot and KV cache are free for the next iteration. False if absent."""
+        for a in self.waiting:
+            if a.index == index:
+                self.waiting.remove(a)
+                return True
+        kept = [r for r in self.running if r.arrival.index != index]
+        dropped = len(kept) < len(self.running)
+        self.running = kept
+        return dropped
+
     def finish(self, it: Iteration, end_s: float) -> list[Running]:
         """The iteration ended at `end_s`: each of its requests has one more token. The
         requests it finished (continuous: they leave now; static: with the batch)."""

@@ -1,0 +1,82 @@
+"""`rdu serve`: an OpenAI-compatible endpoint whose tokens come when the emulated
+sockets would produce them (rdurack/endpoint/, docs/serving.md)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from rdurack.cli.predict import PlatformOpt
+from rdurack.cli.stream import DEFAULT_MAX_BATCH, ChunkTokensOpt, MaxBatchOpt, PolicyOpt
+from rdurack.errors import InvalidRequest, UnknownName
+from rdurack.rack.models import builtin_models
+from rdurack.rack.whatif import load_platform
+from rdurack.workloads.predictor import Predictor
+from rdurack.workloads.serving.stream.replay import StreamSetting
+from rdurack.workloads.serving.stream.scheduler import DEFAULT_CHUNK_TOKENS, Policy
+
+ModelsOpt = Annotated[
+    list[str] | None,
+    typer.Option("--model", help="a model preset to serve (repeat for several)"),
+]
+
+
+def serve_cmd(
+    platform: PlatformOpt = "sn40l-rack16",
+    model: ModelsOpt = None,
+    sockets: Annotated[
+        int | None,
+        typer.Option(min=1, help="sockets per model; default: the platform's, shared out"),
+    ] = None,
+    policy: PolicyOpt = None,
+    max_batch: MaxBatchOpt = None,
+    chunk_tokens: ChunkTokensOpt = None,
+    time_scale: Annotated[
+        float,
+        typer.Option(
+            min=0, help="wall seconds per emulated second (1: real time; 0: as fast as it goes)"
+        ),
+    ] = 1.0,
+    max_waiting: Annotated[
+        int, typer.Option(min=1, help="requests waiting per model before 429")
+    ] = 256,
+    host: Annotated[str, typer.Option(help="address to listen on")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=0, max=65535, help="port to listen on")] = 8000,
+) -> None:
+    """Serve the OpenAI API (/v1/models, /v1/completions, /v1/chat/completions, streamed
+    or not) and /metrics, each model batched on its own sockets under --policy, each
+    iteration priced by the timing model and its tokens paced at --time-scale."""
+    from rdurack.endpoint.server import engines, serve  # its web stack, only when serving
+
+    names = model or ["llama3.1-8b"]
+    known = builtin_models()
+    for name in names:
+        if name not in known:
+            raise UnknownName("model", name, sorted(known))
+    if len(set(names)) < len(names):
+        raise InvalidRequest(f"--model: each model once, got {names}")
+    if chunk_tokens is not None and policy is not Policy.CHUNKED:
+        raise InvalidRequest("--chunk-tokens is --policy chunked-prefill's")
+    p = Predictor(load_platform(platform, None))
+    per_model = sockets or max(1, p.platform.sockets // len(names))
+    if per_model * len(names) > p.platform.sockets:
+        raise InvalidRequest(
+            f"{len(names)} models x {per_model} sockets exceed {p.platform.name}'s "
+            f"{p.platform.sockets}"
+        )
+    setting = StreamSetting(
+        names[0],
+        per_model,
+        policy or Policy.CONTINUOUS,
+        max_batch or DEFAULT_MAX_BATCH,
+        chunk_tokens or DEFAULT_CHUNK_TOKENS,
+    )
+    served = engines(p, names, setting, known, time_scale, max_waiting)
+    Console(stderr=True).print(
+        f"serving {', '.join(names)} on {per_model} {p.platform.name} sockets each at "
+        f"http://{host}:{port}/v1 (time scale {time_scale:g}); Ctrl-C stops",
+        highlight=False,
+    )
+    serve(served, host, port)

@@ -1,0 +1,249 @@
+"""The HTTP endpoint: OpenAI's `/v1/models`, `/v1/completions` and `/v1/chat/completions`
+(streamed as server-sent events, or not), and `/metrics` for Prometheus, on FastAPI.
+
+Every request goes to its model's engine (endpoint/engine.py); its tokens come back as
+the engine's iterations produce them, and `usage` reports the emulated timings. Errors
+are OpenAI's error body with the status an OpenAI client expects: 400 for a bad field
+(named) or a prompt that can never fit, 404 for an unknown model, 429 with Retry-After
+when the model's queue is at its bound. A client that goes away, or a stop sequence
+met, takes its request out of the batch at once.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from math import ceil
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from rdurack.endpoint.engine import Engine, Handle, QueueFull, Token
+from rdurack.endpoint.metrics import EndpointMetrics
+from rdurack.endpoint.protocol import (
+    ChatRequest,
+    CompletionRequest,
+    Sampling,
+    Usage,
+    error_body,
+)
+from rdurack.endpoint.text import Text, chat_tokens, count_tokens, seed_of
+from rdurack.workloads.serving.stream.scheduler import Refused
+
+OWNER = "rdurack"
+
+
+class UnknownModel(Exception):
+    pass
+
+
+def create_app(engines: dict[str, Engine], metrics: EndpointMetrics | None = None) -> FastAPI:
+    """An app serving `engines` by model name; it starts and stops them with itself."""
+    watched = metrics or EndpointMetrics()
+    for engine in engines.values():
+        watched.watch(engine)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        for engine in engines.values():
+            engine.start()
+        yield
+        for engine in engines.values():
+            await engine.stop()
+
+    app = FastAPI(title="rdurack", lifespan=lifespan)
+    _errors(app, engines)
+    created = int(time.time())
+
+    def engine_of(name: str) -> Engine:
+        if name not in engines:
+            raise UnknownModel(name)
+        return engines[name]
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [_model(m, created) for m in engines]}
+
+    @app.get("/v1/models/{name}")
+    async def one_model(name: str) -> dict[str, Any]:
+        engine_of(name)
+        return _model(name, created)
+
+    @app.post("/v1/completions", response_model=None)
+    async def completions(body: CompletionRequest) -> Response | dict[str, Any]:
+        prompt = body.text()
+        return await _serve(
+            engine_of(body.model), body, count_tokens(prompt), seed_of(prompt, body.seed), False
+        )
+
+    @app.post("/v1/chat/completions", response_model=None)
+    async def chat(body: ChatRequest) -> Response | dict[str, Any]:
+        texts = [m.text() for m in body.messages]
+        prompt = "\n".join(texts)
+        return await _serve(
+            engine_of(body.model), body, chat_tokens(texts), seed_of(prompt, body.seed), True
+        )
+
+    @app.get("/metrics")
+    async def scrape() -> Response:
+        return Response(generate_latest(watched.registry), media_type=CONTENT_TYPE_LATEST)
+
+    return app
+
+
+def _model(name: str, created: int) -> dict[str, Any]:
+    return {"id": name, "object": "model", "created": created, "owned_by": OWNER}
+
+
+# ------------------------------------------------------------------ serving one request
+
+
+class Reply:
+    """What goes back for one request: its text so far, its tokens, its usage."""
+
+    def __init__(self, engine: Engine, body: Sampling, handle: Handle, seed: int, chat: bool):
+        self.engine, self.body, self.handle, self.chat = engine, body, handle, chat
+        self.text = Text(seed, body.stops())
+        self.tokens: list[Token] = []
+        self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
+        self.created = int(time.time())
+
+    async def next(self) -> str | None:
+        """The next token's text, or None when the request is over (its length reached,
+        a stop sequence met: then it leaves the batch at once)."""
+        if self.text.stopped:
+            return None
+        token = await self.handle.tokens.get()
+        if token is None:
+            return None
+        self.tokens.append(token)
+        piece = self.text.next()
+        if self.text.stopped:
+            self.engine.cancel(self.handle)
+        return piece
+
+    @property
+    def finish_reason(self) -> str:
+        return "stop" if self.text.stopped else "length"
+
+    def usage(self) -> Usage:
+        a, n = self.handle.arrival, len(self.tokens)
+        first = self.tokens[0].emulated_s if n else a.at_s
+        last = self.tokens[-1].emulated_s if n else a.at_s
+        total = last - a.at_s
+        batches = self.handle.batches
+        return Usage(
+            prompt_tokens=a.prompt_tokens,
+            completion_tokens=n,
+            total_tokens=a.prompt_tokens + n,
+            time_to_first_token=first - a.at_s,
+            total_latency=total,
+            completion_tokens_per_sec=n / total if total > 0 else 0.0,
+            completion_tokens_after_first_per_sec=(n - 1) / (last - first) if n > 1 else 0.0,
+            batch_size_used=round(sum(batches) / len(batches)) if batches else 0,
+        )
+
+    def choice(self, text: str, finish: str | None, chunk: bool) -> dict[str, Any]:
+        """One choice: a completion's text; a chat's message, or in a chunk the delta
+        (OpenAI's last chunk has an empty delta and the finish reason)."""
+        if not self.chat:
+            return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+        if chunk:
+            delta = {"content": text} if text else {}
+            return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        message = {"role": "assistant", "content": text}
+        return {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
+
+    def envelope(self, choices: list[dict[str, Any]], chunk: bool) -> dict[str, Any]:
+        kind = "chat.completion" if self.chat else "text_completion"
+        return {
+            "id": self.id,
+            "object": f"{kind}.chunk" if chunk and self.chat else kind,
+            "created": self.created,
+            "model": self.body.model,
+            "choices": choices,
+        }
+
+
+async def _serve(
+    engine: Engine, body: Sampling, prompt_tokens: int, seed: int, chat: bool
+) -> Response | dict[str, Any]:
+    handle = engine.submit(prompt_tokens, body.limit())
+    reply = Reply(engine, body, handle, seed, chat)
+    if body.stream:
+        return StreamingResponse(_events(reply), media_type="text/event-stream")
+    try:
+        while await reply.next() is not None:
+            pass  # the text gathers in reply.text
+    finally:
+        engine.cancel(handle)  # the client gone mid-wait: its slot and cache freed
+    out = reply.envelope([reply.choice(reply.text.text, reply.finish_reason, False)], False)
+    return {**out, "usage": reply.usage().model_dump()}
+
+
+async def _events(reply: Reply) -> AsyncIterator[str]:
+    """Server-sent events: a chunk per token, the finish, the usage if asked, [DONE]."""
+    try:
+        if reply.chat:  # OpenAI's first chat chunk names the role
+            role = {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                    "finish_reason": None}  # fmt: skip
+            yield _sse(reply.envelope([role], True))
+        while (piece := await reply.next()) is not None:
+            yield _sse(reply.envelope([reply.choice(piece, None, True)], True))
+        yield _sse(reply.envelope([reply.choice("", reply.finish_reason, True)], True))
+        options = reply.body.stream_options
+        if options is not None and options.include_usage:
+            yield _sse(reply.envelope([], True) | {"usage": reply.usage().model_dump()})
+        yield "data: [DONE]\n\n"
+    finally:
+        reply.engine.cancel(reply.handle)
+
+
+def _sse(data: dict[str, Any]) -> str:
+    return f"data: {json.dumps(data)}\n\n"
+
+
+# ------------------------------------------------------------------ errors
+
+
+def _errors(app: FastAPI, engines: dict[str, Engine]) -> None:
+    @app.exception_handler(RequestValidationError)
+    async def bad_field(request: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0]
+        where = [str(p) for p in first.get("loc", ()) if p != "body"]
+        param = ".".join(where) or None
+        message = f"{param}: {first.get('msg')}" if param else str(first.get("msg"))
+        return JSONResponse(error_body(message, "invalid_request_error", param), 400)
+
+    @app.exception_handler(UnknownModel)
+    async def no_model(request: Request, exc: UnknownModel) -> JSONResponse:
+        message = f"model {exc.args[0]!r} is not served here; served: {', '.join(sorted(engines))}"
+        return JSONResponse(
+            error_body(message, "invalid_request_error", "model", "model_not_found"), 404
+        )
+
+    @app.exception_handler(Refused)
+    async def too_long(request: Request, exc: Refused) -> JSONResponse:
+        return JSONResponse(
+            error_body(str(exc), "invalid_request_error", "messages", "context_length_exceeded"),
+            400,
+        )
+
+    @app.exception_handler(QueueFull)
+    async def busy(request: Request, exc: QueueFull) -> JSONResponse:
+        retry = max(1, ceil(exc.retry_after_s))
+        return JSONResponse(
+            error_body(str(exc), "rate_limit_error", None, "queue_full"),
+            429,
+            headers={"Retry-After": str(retry)},
+        )
+
+    @app.exception_handler(ValueError)
+    async def bad_value(request: Request, exc: ValueError) -> JSONResponse:
+        return JSONResponse(error_body(str(exc), "invalid_request_error"), 400)

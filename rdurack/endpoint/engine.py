@@ -1,0 +1,191 @@
+"""One model's serving engine: requests from many clients batched on its sockets.
+
+The engine runs the stream scheduler (workloads/serving/stream/scheduler.py) as the
+predictor's replay does, but on live requests: an asyncio task takes the next
+iteration, has its executor run it (which says how long it took, in emulated seconds),
+and hands each request the tokens the iteration produced.
+
+Two clocks. The engine's emulated clock advances by each iteration. At `time_scale` s
+> 0 the engine waits until wall time reaches the iteration's emulated end x s (from the
+engine's start), so a token leaves at its emulated time (x s); an idle engine's clock
+follows the wall clock, so a request's emulated arrival is when it came. At 0 it runs as
+fast as the machine allows, and a request arrives at the emulated clock's current time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from rdurack.errors import RdurackError
+from rdurack.workloads.serving.stream.arrivals import Arrival
+from rdurack.workloads.serving.stream.scheduler import Iteration, Running, Scheduler
+
+# What an executor does with an iteration: run it, and say its emulated seconds.
+Executor = Callable[[Iteration], Awaitable[float]]
+
+
+class QueueFull(RdurackError):
+    """The engine's queue holds its bound of waiting requests; `retry_after_s` (wall)
+    is about one iteration."""
+
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+@dataclass(frozen=True, slots=True)
+class Token:
+    """An output token: its index in the request's output and when it left (emulated)."""
+
+    index: int
+    emulated_s: float
+
+
+@dataclass(eq=False)
+class Handle:
+    """A request in the engine: its tokens arrive on `tokens`, then None."""
+
+    arrival: Arrival
+    tokens: asyncio.Queue[Token | None] = field(default_factory=asyncio.Queue)
+    sent: int = 0  # tokens put on the queue
+    batches: list[int] = field(default_factory=list)  # the batch of each iteration it ran in
+    admitted_s: float | None = None
+    last_s: float = 0.0  # its last token's emulated time
+    done: bool = False
+
+
+class Engine:
+    """The batching loop of one model on its sockets."""
+
+    def __init__(
+        self,
+        model: str,
+        scheduler: Scheduler,
+        executor: Executor,
+        time_scale: float = 1.0,
+        max_waiting: int = 256,
+    ) -> None:
+        if time_scale < 0:
+            raise ValueError(f"time scale must be >= 0, got {time_scale}")
+        self.model = model
+        self.scheduler = scheduler
+        self.executor = executor
+        self.time_scale = time_scale
+        self.max_waiting = max_waiting
+        self.clock_s = 0.0  # emulated seconds since the engine started
+        self.iteration_s = 0.0  # the last iteration's emulated duration (a retry hint)
+        self._wall0 = time.monotonic()
+        self._handles: dict[int, Handle] = {}
+        self._next = 0
+        self._work = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self.on_token: Callable[[Handle, Token], None] = lambda h, t: None
+        self.on_done: Callable[[Handle, Running | None], None] = lambda h, r: None
+
+    # ------------------------------------------------------------------ life
+
+    def start(self) -> None:
+        self._wall0 = time.monotonic()
+        self._task = asyncio.get_running_loop().create_task(self._loop())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        for h in list(self._handles.values()):
+            self._close(h, None)
+
+    # ------------------------------------------------------------------ requests
+
+    def now(self) -> float:
+        """The emulated time a request arriving now gets."""
+        if self.time_scale == 0:
+            return self.clock_s
+        return max(self.clock_s, (time.monotonic() - self._wall0) / self.time_scale)
+
+    def submit(self, prompt_tokens: int, output_tokens: int) -> Handle:
+        """Queue a request; Refused if it could never fit, QueueFull at the bound."""
+        if len(self.scheduler.waiting) >= self.max_waiting:
+            raise QueueFull(
+                f"{self.model}: {len(self.scheduler.waiting)} requests are waiting, the "
+                "bound; retry later",
+                self.iteration_s * self.time_scale,
+            )
+        arrival = Arrival(self._next, self.now(), prompt_tokens, output_tokens)
+        self.scheduler.arrive(arrival)  # raises Refused before anything is held
+        self._next += 1
+        handle = Handle(arrival)
+        self._handles[arrival.index] = handle
+        self._work.set()
+        return handle
+
+    def cancel(self, handle: Handle) -> None:
+        """The client is gone or has what it wanted: free its slot and KV cache now."""
+        if not handle.done:
+            self.scheduler.drop(handle.arrival.index)
+            self._close(handle, None)
+
+    @property
+    def running(self) -> int:
+        return len(self.scheduler.running)
+
+    @property
+    def waiting(self) -> int:
+        return len(self.scheduler.waiting)
+
+    # ------------------------------------------------------------------ the loop
+
+    async def _loop(self) -> None:
+        while True:
+            start = self.now()
+            it = self.scheduler.next(start)
+            if it is None:
+                self._work.clear()
+                await self._work.wait()
+                continue
+            for r, _ in it.prefill:
+                h = self._handles.get(r.arrival.index)
+                if h is not None and h.admitted_s is None:
+                    h.admitted_s = r.admitted_s
+            self.iteration_s = await self.executor(it)
+            end = start + self.iteration_s
+            await self._pace(end)
+            self.clock_s = end
+            finished = self.scheduler.finish(it, end)
+            self._deliver(it)
+            for r in finished:
+                h = self._handles.get(r.arrival.index)
+                if h is not None:
+                    self._close(h, r)
+
+    async def _pace(self, end_s: float) -> None:
+        if self.time_scale > 0:
+            delay = self._wall0 + end_s * self.time_scale - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+
+    def _deliver(self, it: Iteration) -> None:
+        members = [r for r, _ in it.prefill] + list(it.decode)
+        for r in members:
+            h = self._handles.get(r.arrival.index)
+            if h is None:
+                continue
+            h.batches.append(it.batch)
+            while h.sent < len(r.token_s):
+                token = Token(h.sent, r.token_s[h.sent])
+                h.sent += 1
+                h.tokens.put_nowait(token)
+                self.on_token(h, token)
+
+    def _close(self, h: Handle, r: Running | None) -> None:
+        if h.done:
+            return
+        h.done = True
+        self._handles.pop(h.arrival.index, None)
+        h.tokens.put_nowait(None)
+        self.on_done(h, r)

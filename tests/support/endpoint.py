@@ -1,0 +1,66 @@
+"""An OpenAI-compatible endpoint of the test's own: uvicorn in a thread on a free port,
+engines priced by the timing model."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import uvicorn
+
+from rdurack.endpoint.app import create_app
+from rdurack.endpoint.engine import Engine
+from rdurack.endpoint.server import engines
+from rdurack.rack.models import builtin_models
+from rdurack.rack.presets import platform
+from rdurack.workloads.predictor import Predictor
+from rdurack.workloads.serving.stream.replay import StreamSetting
+from tests.support.ports import free_port
+
+
+@dataclass
+class Endpoint:
+    url: str  # http://127.0.0.1:PORT
+    engines: dict[str, Engine]
+
+    @property
+    def base_url(self) -> str:
+        return f"{self.url}/v1"
+
+
+@contextmanager
+def endpoint(
+    names: tuple[str, ...] = ("llama3.1-8b",),
+    setting: StreamSetting | None = None,
+    time_scale: float = 0.0,
+    max_waiting: int = 256,
+    start_timeout_s: float = 30.0,
+) -> Iterator[Endpoint]:
+    """Serve `names` on sn40l-rack16 (one socket each by default) until the block ends."""
+    served = engines(
+        Predictor(platform("sn40l-rack16")),
+        names,
+        setting or StreamSetting(names[0], sockets=1),
+        builtin_models(),
+        time_scale,
+        max_waiting,
+    )
+    port = free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(create_app(served), host="127.0.0.1", port=port, log_level="warning")
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + start_timeout_s
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError(f"the endpoint did not start on port {port}")
+        time.sleep(0.01)
+    try:
+        yield Endpoint(f"http://127.0.0.1:{port}", served)
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
