@@ -21,6 +21,7 @@ from rich.console import Console
 from rich.table import Table
 
 from rdurack.devtools.bench_control import bench_control
+from rdurack.devtools.bench_endpoint import bench_endpoint
 from rdurack.devtools.bench_figure import BenchFigure
 from rdurack.devtools.bench_rack import bench_rack
 from rdurack.devtools.bench_serve import bench_serve
@@ -114,6 +115,7 @@ def bench_paper_fidelity() -> list[BenchFigure]:
 BENCHMARKS: list[tuple[str, Benchmark]] = [
     ("predictor speed", bench_predictor_speed),
     ("rdu predict serve: one answer, in process and as a process", bench_serve),
+    ("rdu serve: requests per second, and pacing under 32 streams", bench_endpoint),
     ("CoE serving engine on the predictor", bench_serving_engine),
     ("paper fidelity", bench_paper_fidelity),
     ("rack: 2 node agents x 8 socket actors", bench_rack),

@@ -13,7 +13,6 @@ agents x 8 sockets, the orchestrator, each its own process), then gRPC clients.
 
 from __future__ import annotations
 
-import socket
 import tempfile
 import time
 from pathlib import Path
@@ -22,6 +21,7 @@ from rdurack.api.server import channel
 from rdurack.devtools import bench_load
 from rdurack.devtools.bench_figure import BenchFigure
 from rdurack.devtools.bench_load import RPC_TIMEOUT_S, small_job
+from rdurack.devtools.ports import free_port
 from rdurack.errors import RdurackError
 from rdurack.processes import local_rack
 from rdurack.v1 import common_pb2, job_pb2, job_pb2_grpc
@@ -29,13 +29,6 @@ from rdurack.v1 import common_pb2, job_pb2, job_pb2_grpc
 BATCH = 200
 BATCH_DEADLINE_S = 120.0
 COE_REQUESTS = 2000
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def _pending(stub: job_pb2_grpc.JobServiceStub, ids: set[str]) -> int:
@@ -109,7 +102,7 @@ def bench_control() -> list[BenchFigure]:
     with tempfile.TemporaryDirectory(prefix="rdurack-bench-") as tmp:
         state = Path(tmp)
         start = time.perf_counter()
-        rack = local_rack.up(state, port=_free_port())
+        rack = local_rack.up(state, port=free_port())
         try:
             figures = [
                 BenchFigure("rdu up to ready", time.perf_counter() - start, "s", 10.0, "lower")

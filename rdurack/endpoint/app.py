@@ -34,13 +34,10 @@ from rdurack.endpoint.protocol import (
     error_body,
 )
 from rdurack.endpoint.text import Text, chat_tokens, count_tokens, seed_of
+from rdurack.errors import UnknownName
 from rdurack.workloads.serving.stream.scheduler import Refused
 
 OWNER = "rdurack"
-
-
-class UnknownModel(Exception):
-    pass
 
 
 def create_app(engines: dict[str, Engine], metrics: EndpointMetrics | None = None) -> FastAPI:
@@ -58,12 +55,12 @@ def create_app(engines: dict[str, Engine], metrics: EndpointMetrics | None = Non
             await engine.stop()
 
     app = FastAPI(title="rdurack", lifespan=lifespan)
-    _errors(app, engines)
+    _errors(app)
     created = int(time.time())
 
     def engine_of(name: str) -> Engine:
         if name not in engines:
-            raise UnknownModel(name)
+            raise UnknownName("model", name, sorted(engines))
         return engines[name]
 
     @app.get("/v1/models")
@@ -212,7 +209,7 @@ def _sse(data: dict[str, Any]) -> str:
 # ------------------------------------------------------------------ errors
 
 
-def _errors(app: FastAPI, engines: dict[str, Engine]) -> None:
+def _errors(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def bad_field(request: Request, exc: RequestValidationError) -> JSONResponse:
         first = exc.errors()[0]
@@ -221,9 +218,9 @@ def _errors(app: FastAPI, engines: dict[str, Engine]) -> None:
         message = f"{param}: {first.get('msg')}" if param else str(first.get("msg"))
         return JSONResponse(error_body(message, "invalid_request_error", param), 400)
 
-    @app.exception_handler(UnknownModel)
-    async def no_model(request: Request, exc: UnknownModel) -> JSONResponse:
-        message = f"model {exc.args[0]!r} is not served here; served: {', '.join(sorted(engines))}"
+    @app.exception_handler(UnknownName)
+    async def no_model(request: Request, exc: UnknownName) -> JSONResponse:
+        message = f"{exc} (the models served here)"
         return JSONResponse(
             error_body(message, "invalid_request_error", "model", "model_not_found"), 404
         )

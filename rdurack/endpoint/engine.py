@@ -164,10 +164,10 @@ class Engine:
                     self._close(h, r)
 
     async def _pace(self, end_s: float) -> None:
-        if self.time_scale > 0:
-            delay = self._wall0 + end_s * self.time_scale - time.monotonic()
-            if delay > 0:
-                await asyncio.sleep(delay)
+        """Wait for the wall clock to reach the iteration's end; at time scale 0 (or when
+        late) just let the event loop serve requests before the next iteration."""
+        delay = self._wall0 + end_s * self.time_scale - time.monotonic()
+        await asyncio.sleep(delay if self.time_scale > 0 and delay > 0 else 0)
 
     def _deliver(self, it: Iteration) -> None:
         members = [r for r, _ in it.prefill] + list(it.decode)

@@ -3,17 +3,13 @@ engines priced by the timing model."""
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-import uvicorn
-
 from rdurack.endpoint.app import create_app
 from rdurack.endpoint.engine import Engine
-from rdurack.endpoint.server import engines
+from rdurack.endpoint.server import engines, in_thread
 from rdurack.rack.models import builtin_models
 from rdurack.rack.presets import platform
 from rdurack.workloads.predictor import Predictor
@@ -48,19 +44,5 @@ def endpoint(
         time_scale,
         max_waiting,
     )
-    port = free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(create_app(served), host="127.0.0.1", port=port, log_level="warning")
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + start_timeout_s
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError(f"the endpoint did not start on port {port}")
-        time.sleep(0.01)
-    try:
-        yield Endpoint(f"http://127.0.0.1:{port}", served)
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
+    with in_thread(create_app(served), free_port(), start_timeout_s) as url:
+        yield Endpoint(url, served)

@@ -54,7 +54,7 @@ def _error(response: httpx.Response) -> dict[str, Any]:
          "at least 1"),
         ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "robot"}]}, 400,
          "messages.0.role", "Input should be"),
-        ("/v1/completions", {"model": "gpt-9", "prompt": "x"}, 404, "model", "not served"),
+        ("/v1/completions", {"model": "gpt-9", "prompt": "x"}, 404, "model", "unknown model"),
         ("/v1/completions", {"model": MODEL, "prompt": "x" * 40_000_000}, 400, "messages",
          "exceeds what the sockets hold"),
     ],

@@ -1,0 +1,92 @@
+"""A model's engine on its own (no HTTP): the predictor's replay of the same requests
+gives the same emulated times; cancelling frees at once; the queue has its bound."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from rdurack.endpoint.engine import Engine, QueueFull, Token
+from rdurack.endpoint.server import engines
+from rdurack.rack.models import builtin_models
+from rdurack.rack.presets import platform
+from rdurack.workloads.predictor import Predictor
+from rdurack.workloads.serving.stream.arrivals import Arrival
+from rdurack.workloads.serving.stream.replay import StreamSetting, replay
+from rdurack.workloads.serving.stream.scheduler import Policy
+
+MODEL = "llama3.1-70b"
+RACK = platform("sn40l-rack16")
+
+
+def _engine(policy: Policy, max_waiting: int = 256) -> Engine:
+    setting = StreamSetting(MODEL, 8, policy, max_batch=4)
+    return engines(Predictor(RACK), [MODEL], setting, builtin_models(), 0.0, max_waiting)[MODEL]
+
+
+async def _all(engine: Engine, lengths: list[tuple[int, int]]) -> list[list[Token]]:
+    handles = [engine.submit(p, o) for p, o in lengths]  # one tick: all arrive at 0
+
+    async def tokens(i: int) -> list[Token]:
+        out = []
+        while (t := await handles[i].tokens.get()) is not None:
+            out.append(t)
+        return out
+
+    engine.start()
+    try:
+        return await asyncio.gather(*(tokens(i) for i in range(len(handles))))
+    finally:
+        await engine.stop()
+
+
+@pytest.mark.parametrize("policy", list(Policy))
+def test_the_engine_times_requests_as_the_predictors_replay(policy: Policy) -> None:
+    lengths = [(300, 20), (1200, 5), (64, 40), (700, 12), (90, 9), (2000, 3)]
+    got = asyncio.run(_all(_engine(policy), lengths))
+    setting = StreamSetting(MODEL, 8, policy, max_batch=4)
+    arrivals = [Arrival(i, 0.0, p, o) for i, (p, o) in enumerate(lengths)]
+    want = replay(Predictor(RACK), setting, arrivals, builtin_models())
+    assert [len(t) for t in got] == [o for _, o in lengths]
+    ttft = sorted(t[0].emulated_s for t in got)
+    e2e = sorted(t[-1].emulated_s for t in got)
+    assert ttft[-1] == pytest.approx(want.ttft_s.max, rel=1e-9)
+    assert e2e[-1] == pytest.approx(want.e2e_s.max, rel=1e-9)
+    assert sum(ttft) / len(ttft) == pytest.approx(want.ttft_s.mean, rel=1e-9)
+    assert sum(e2e) / len(e2e) == pytest.approx(want.e2e_s.mean, rel=1e-9)
+
+
+def test_a_cancelled_request_leaves_the_batch_and_its_cache_at_once() -> None:
+    async def run() -> tuple[int, int, int]:
+        engine = _engine(Policy.CONTINUOUS)
+        keep, drop = engine.submit(100, 50), engine.submit(100, 5000)
+        engine.start()
+        try:
+            assert (await drop.tokens.get()) is not None  # both are running
+            engine.cancel(drop)
+            reserved = engine.scheduler.reserved_tokens  # at once: keep's alone
+            given = 1
+            while await drop.tokens.get() is not None:  # what was out before: then the end
+                given += 1
+            assert given < 5000
+            while await keep.tokens.get() is not None:
+                pass
+            return reserved, engine.running, engine.scheduler.reserved_tokens
+        finally:
+            await engine.stop()
+
+    reserved, running, left = asyncio.run(run())
+    assert reserved == 150 and (running, left) == (0, 0)
+
+
+def test_the_queue_bound_refuses_with_a_retry_hint() -> None:
+    async def run() -> None:
+        engine = _engine(Policy.CONTINUOUS, max_waiting=2)
+        engine.submit(10, 5)
+        engine.submit(10, 5)
+        with pytest.raises(QueueFull, match="2 requests are waiting"):
+            engine.submit(10, 5)
+        await engine.stop()
+
+    asyncio.run(run())
