@@ -23,6 +23,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from rdurack.endpoint.engine import Engine, Handle, QueueFull, Token
 from rdurack.endpoint.metrics import EndpointMetrics
@@ -55,6 +56,7 @@ def create_app(engines: dict[str, Engine], metrics: EndpointMetrics | None = Non
             await engine.stop()
 
     app = FastAPI(title="rdurack", lifespan=lifespan)
+    app.add_middleware(Received)
     _errors(app)
     created = int(time.time())
 
@@ -73,25 +75,39 @@ def create_app(engines: dict[str, Engine], metrics: EndpointMetrics | None = Non
         return _model(name, created)
 
     @app.post("/v1/completions", response_model=None)
-    async def completions(body: CompletionRequest) -> Response | dict[str, Any]:
+    async def completions(body: CompletionRequest, request: Request) -> Response | dict[str, Any]:
         prompt = body.text()
-        return await _serve(
-            engine_of(body.model), body, count_tokens(prompt), seed_of(prompt, body.seed), False
-        )
+        engine = engine_of(body.model)
+        handle = engine.submit(count_tokens(prompt), body.limit(), request.state.received)
+        return await _serve(Reply(engine, body, handle, seed_of(prompt, body.seed), False))
 
     @app.post("/v1/chat/completions", response_model=None)
-    async def chat(body: ChatRequest) -> Response | dict[str, Any]:
+    async def chat(body: ChatRequest, request: Request) -> Response | dict[str, Any]:
         texts = [m.text() for m in body.messages]
-        prompt = "\n".join(texts)
-        return await _serve(
-            engine_of(body.model), body, chat_tokens(texts), seed_of(prompt, body.seed), True
-        )
+        engine = engine_of(body.model)
+        handle = engine.submit(chat_tokens(texts), body.limit(), request.state.received)
+        seed = seed_of("\n".join(texts), body.seed)
+        return await _serve(Reply(engine, body, handle, seed, True))
 
     @app.get("/metrics")
     async def scrape() -> Response:
         return Response(generate_latest(watched.registry), media_type=CONTENT_TYPE_LATEST)
 
     return app
+
+
+class Received:
+    """ASGI middleware: stamps when the server got each request (`request.state.received`,
+    time.monotonic()), before parsing and validating it, which the engine does not count
+    as emulated time."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            scope.setdefault("state", {})["received"] = time.monotonic()
+        await self.app(scope, receive, send)
 
 
 def _model(name: str, created: int) -> dict[str, Any]:
@@ -168,12 +184,10 @@ class Reply:
         }
 
 
-async def _serve(
-    engine: Engine, body: Sampling, prompt_tokens: int, seed: int, chat: bool
-) -> Response | dict[str, Any]:
-    handle = engine.submit(prompt_tokens, body.limit())
-    reply = Reply(engine, body, handle, seed, chat)
-    if body.stream:
+async def _serve(reply: Reply) -> Response | dict[str, Any]:
+    """The reply streamed as server-sent events, or whole when its last token is out."""
+    engine, handle = reply.engine, reply.handle
+    if reply.body.stream:
         return StreamingResponse(_events(reply), media_type="text/event-stream")
     try:
         while await reply.next() is not None:

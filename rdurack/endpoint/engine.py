@@ -108,15 +108,22 @@ class Engine:
             return self.clock_s
         return max(self.clock_s, (time.monotonic() - self._wall0) / self.time_scale)
 
-    def submit(self, prompt_tokens: int, output_tokens: int) -> Handle:
-        """Queue a request; Refused if it could never fit, QueueFull at the bound."""
+    def submit(
+        self, prompt_tokens: int, output_tokens: int, received: float | None = None
+    ) -> Handle:
+        """Queue a request; Refused if it could never fit, QueueFull at the bound.
+        `received`: when the server got it (time.monotonic()), so that parsing it is not
+        counted as emulated waiting; default now."""
         if len(self.scheduler.waiting) >= self.max_waiting:
             raise QueueFull(
                 f"{self.model}: {len(self.scheduler.waiting)} requests are waiting, the "
                 "bound; retry later",
                 self.iteration_s * self.time_scale,
             )
-        arrival = Arrival(self._next, self.now(), prompt_tokens, output_tokens)
+        at = self.now()
+        if received is not None and self.time_scale > 0:
+            at = (received - self._wall0) / self.time_scale
+        arrival = Arrival(self._next, at, prompt_tokens, output_tokens)
         self.scheduler.arrive(arrival)  # raises Refused before anything is held
         self._next += 1
         handle = Handle(arrival)
