@@ -12,8 +12,8 @@ floor in the same run.
   streams at once; its TTFT is what the clients and the HTTP stack take on this
   machine, and is taken off the clients' TTFT. A run holds when TTFT and gap agree at
   p50 and p99 over the clients, within 10% or 5 ms, whichever is larger (the issue's
-  bound). The figure is the highest aggregate emulated token rate at which a run holds;
-  the target is about 1,000 tokens/s (llama3.1-405b on 16 sockets).
+  bound). The figure is the highest aggregate emulated token rate up to which every run
+  holds; the target is about 1,000 tokens/s (llama3.1-405b on 16 sockets).
 
 Each `rdu serve` is its own process, as users run it, so the clients' event loop does
 not share the server's interpreter.
@@ -270,18 +270,24 @@ def bench_pacing() -> list[BenchFigure]:
         BenchFigure(f"floor: TTFT of {CLIENTS} streams from a bare FastAPI app, p99",
                     1e3 * float(np.percentile(floor, 99)), "ms", None, "lower"),
     ]  # fmt: skip
-    held = 0.0
+    runs = []
     for model, sockets in PACING_RUNS:
         with _rdu_serve(model, sockets, 1.0) as url:
             p = _pacing(asyncio.run(_streams(url, model)), floor)
+        runs.append(p)
         figures.append(BenchFigure(
             f"pacing: {model} on {sockets} sockets, {CLIENTS} streams, largest miss "
             f"({p.rate:,.0f} tokens/s)", p.worst, "x bound", 1.0, "lower"))  # fmt: skip
-        if p.holds:
-            held = max(held, p.rate)
-    figures.append(BenchFigure(
-        f"pacing holds up to (TTFT beyond the floor's and ITL within 10% or 5 ms at p50 "
-        f"and p99, {CLIENTS} streams)", held, "tokens/s", PACING_TARGET, "higher"))  # fmt: skip
+    # The highest rate up to which every run held (a run that held above one that
+    # missed does not count).
+    held = 0.0
+    for p in sorted(runs, key=lambda r: r.rate):
+        if not p.holds:
+            break
+        held = p.rate
+    what = f"every run: TTFT beyond the floor's and ITL within 10% or 5 ms, {CLIENTS} streams"
+    figures.append(BenchFigure(f"pacing holds up to ({what})", held, "tokens/s",
+                               PACING_TARGET, "higher"))  # fmt: skip
     return figures
 
 
