@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from rdurack.cli.options import SpecOpt
 from rdurack.cli.predict import PlatformOpt
 from rdurack.cli.stream import DEFAULT_MAX_BATCH, ChunkTokensOpt, MaxBatchOpt, PolicyOpt
 from rdurack.errors import InvalidRequest, UnknownName
@@ -42,6 +43,7 @@ def serve_cmd(
     max_waiting: Annotated[
         int, typer.Option(min=1, help="requests waiting per model before 429")
     ] = 256,
+    spec: SpecOpt = None,
     host: Annotated[str, typer.Option(help="address to listen on")] = "127.0.0.1",
     port: Annotated[int, typer.Option(min=0, max=65535, help="port to listen on")] = 8000,
 ) -> None:
@@ -59,7 +61,7 @@ def serve_cmd(
         raise InvalidRequest(f"--model: each model once, got {names}")
     if chunk_tokens is not None and policy is not Policy.CHUNKED:
         raise InvalidRequest("--chunk-tokens is --policy chunked-prefill's")
-    p = Predictor(load_platform(platform, None))
+    p = Predictor(load_platform(platform, spec))
     per_model = sockets or max(1, p.platform.sockets // len(names))
     if per_model * len(names) > p.platform.sockets:
         raise InvalidRequest(

@@ -51,6 +51,7 @@ def test_rdu_serve_answers_until_it_is_stopped() -> None:
         (["--model", "gpt-9"], "unknown model 'gpt-9'"),
         (["--model", "llama2-7b", "--model", "llama2-7b"], "each model once"),
         (["--chunk-tokens", "64"], "chunked-prefill's"),
+        (["--spec", "/nonexistent/spec.yaml"], "/nonexistent/spec.yaml"),
         (["--platform", "sn40l-node", "--sockets", "8", "--model", "llama2-7b", "--model",
           "llama3.1-8b"], "exceed sn40l-node's 8"),
     ],
