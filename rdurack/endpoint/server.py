@@ -7,12 +7,8 @@ paced at `time_scale`.
 
 from __future__ import annotations
 
-import threading
-import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any
 
 import uvicorn
 
@@ -57,22 +53,3 @@ def engines(
 def serve(served: dict[str, Engine], host: str, port: int) -> None:
     """Serve until interrupted (uvicorn handles SIGINT and SIGTERM)."""
     uvicorn.run(create_app(served), host=host, port=port, log_level="warning")
-
-
-@contextmanager
-def in_thread(app: Any, port: int, start_timeout_s: float = 30.0) -> Iterator[str]:
-    """Serve an ASGI app on 127.0.0.1:port from a thread of this process until the
-    block ends; yields its URL (for tests and benchmarks)."""
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + start_timeout_s
-    while not server.started:  # uvicorn sets it once it listens
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError(f"the endpoint did not start on port {port}")
-        time.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)

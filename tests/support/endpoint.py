@@ -3,13 +3,18 @@ engines priced by the timing model."""
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
+
+import uvicorn
 
 from rdurack.endpoint.app import create_app
 from rdurack.endpoint.engine import Engine
-from rdurack.endpoint.server import engines, in_thread
+from rdurack.endpoint.server import engines
 from rdurack.rack.models import builtin_models
 from rdurack.rack.presets import platform
 from rdurack.workloads.predictor import Predictor
@@ -25,6 +30,25 @@ class Endpoint:
     @property
     def base_url(self) -> str:
         return f"{self.url}/v1"
+
+
+@contextmanager
+def in_thread(app: Any, port: int, start_timeout_s: float = 30.0) -> Iterator[str]:
+    """Serve an ASGI app on 127.0.0.1:port from a thread of this process until the
+    block ends; yields its URL."""
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + start_timeout_s
+    while not server.started:  # uvicorn sets it once it listens
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError(f"the endpoint did not start on port {port}")
+        time.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
 
 
 @contextmanager

@@ -114,6 +114,12 @@ class ServeBatch:
         return sum(p.hbm_bytes for p in self.placements)
 
 
+def prefill_plan(plan: FusionPlan) -> FusionPlan:
+    """The prefill's plan under a decode `plan`: kernel looping loops the decode; the
+    prefill is one fused pass per layer. Else the decode's."""
+    return FusionPlan.FUSED_HO if plan is FusionPlan.KERNEL_LOOPED else plan
+
+
 def resolve(
     request: ServeRequest, platform: PlatformSpec, models: dict[str, ModelSpec]
 ) -> ServeBatch:
@@ -143,8 +149,7 @@ def resolve(
         draft=None if spec is None else spec.draft_of(target, models),
         sockets=sockets,
         plan=plan,
-        # Kernel looping loops the decode; the prefill is one fused pass per layer.
-        prefill_plan=FusionPlan.FUSED_HO if plan is FusionPlan.KERNEL_LOOPED else plan,
+        prefill_plan=prefill_plan(plan),
         draft_tokens=0 if spec is None else spec.draft_tokens,
         tokens_per_iteration=1.0 if spec is None else spec.tokens_per_iteration,
     )

@@ -25,6 +25,7 @@ from rdurack.rack.kernels import FusionPlan, Shape
 from rdurack.rack.models import ModelSpec
 from rdurack.rack.placement import capacity
 from rdurack.workloads.predictor import Predictor
+from rdurack.workloads.serving.batch import prefill_plan
 from rdurack.workloads.serving.costs import Cost
 from rdurack.workloads.serving.stream.scheduler import Iteration
 
@@ -59,8 +60,7 @@ class Pricer:
         self.model = model
         self.sockets = sockets
         self.plan = plan
-        # Kernel looping loops the decode; a prefill is one fused pass per layer.
-        self.prefill_plan = FusionPlan.FUSED_HO if plan is FusionPlan.KERNEL_LOOPED else plan
+        self.prefill_plan = prefill_plan(plan)
 
     def __call__(self, it: Iteration) -> Cost:
         parts, logits = shapes(it)

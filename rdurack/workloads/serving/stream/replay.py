@@ -57,8 +57,7 @@ def prepare(
     model = models[setting.model].placed(setting.expert_mapping)
     sockets = p.platform.sockets if setting.sockets is None else setting.sockets
     tp_group(p.platform, sockets)  # a socket count the platform has
-    dataflow = p.platform.socket.kernels.dataflow_fusion
-    plan = setting.plan or (FusionPlan.KERNEL_LOOPED if dataflow else FusionPlan.UNFUSED)
+    plan = setting.plan or p.default_decode_plan()
     budget = kv_budget_tokens(p, model, sockets)
     scheduler = Scheduler(setting.policy, setting.max_batch, budget, setting.chunk_tokens)
     return Pricer(p, model, sockets, plan), scheduler
