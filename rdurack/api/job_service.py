@@ -26,6 +26,7 @@ from rdurack.security.guard import Bounds
 from rdurack.security.tls import TlsConfig
 from rdurack.v1 import job_pb2, job_pb2_grpc, rack_pb2, rack_pb2_grpc
 from rdurack.wire import jobs as jc
+from rdurack.wire.passes import passes_from_proto
 from rdurack.workloads.coe.spec import MAX_PROMPT_CHARS, MAX_REQUESTS
 from rdurack.workloads.training.job import MAX_LOOP_BYTES
 
@@ -122,6 +123,20 @@ class JobService(job_pb2_grpc.JobServiceServicer):
         scope = self.auth.principal(context).scope
         job = self.o.cancel(_job_id(request.job_id), request.reason, scope)
         return job_pb2.CancelJobResponse(job=jc.job_to_proto(job))
+
+    @rpc
+    def RunPasses(
+        self, request: job_pb2.RunPassesRequest, context: grpc.ServicerContext
+    ) -> job_pb2.RunPassesResponse:
+        scope = self.auth.principal(context).scope
+        durations, start_ns = self.o.run_passes(
+            _job_id(request.job_id),
+            request.offset_ns,
+            passes_from_proto(request.passes),
+            request.kv_tokens,
+            scope,
+        )
+        return job_pb2.RunPassesResponse(duration_ns=durations, job_start_ns=start_ns)
 
     @rpc_stream
     def WatchJob(

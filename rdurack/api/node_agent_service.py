@@ -21,6 +21,7 @@ from rdurack.wire import rack as convert
 from rdurack.wire import training as training_convert
 from rdurack.wire.faults import fault_from_proto, fault_to_proto
 from rdurack.wire.jobs import speculative_from_proto
+from rdurack.wire.passes import passes_from_proto
 from rdurack.workloads.serving.batch import ServeRequest
 from rdurack.workloads.serving.speculative import SpeculativeSetting
 from rdurack.workloads.training.job import TrainingWorkload
@@ -116,6 +117,32 @@ class NodeAgentService(node_agent_pb2_grpc.NodeAgentServiceServicer):
             members or None,
         )
         return node_agent_pb2.RunKernelResponse(sockets=[convert.kernel_timing(r) for r in runs])
+
+    def RunPasses(
+        self, request: node_agent_pb2.NodePassesRequest, context: grpc.ServicerContext
+    ) -> node_agent_pb2.NodePassesResponse:
+        _require(request.job_id, "job_id")
+        _require(list(request.socket_ids), "socket_ids")
+        runs = self.agent.run_passes(
+            request.job_id,
+            list(request.socket_ids),
+            model(request.model).placed(None),
+            request.group_size or len(request.socket_ids),
+            passes_from_proto(request.passes),
+            request.kv_tokens,
+            request.emulated_start_ns or None,
+        )
+        return node_agent_pb2.NodePassesResponse(
+            sockets=[
+                node_agent_pb2.SocketPasses(
+                    socket_id=r.socket_id,
+                    duration_ns=r.durations_ns,
+                    emulated_start_ns=r.start_ns,
+                    emulated_end_ns=r.end_ns,
+                )
+                for r in runs
+            ]
+        )
 
     def _serve(
         self, request: node_agent_pb2.RunKernelRequest, group: int

@@ -12,11 +12,12 @@ from rdurack.orchestrator.gateway import (
     KernelRun,
     NodeBeat,
     NodeView,
+    PassesRun,
     SocketBeat,
     SocketView,
     TierView,
 )
-from rdurack.orchestrator.jobs import KernelWorkload
+from rdurack.orchestrator.jobs import EndpointWorkload, KernelWorkload
 from rdurack.rack.faults import Fault, FaultConflict
 from rdurack.rack.spec import PlatformSpec
 from rdurack.rack.topology import Topology
@@ -27,7 +28,9 @@ from rdurack.wire import rack as convert
 from rdurack.wire import training as training_convert
 from rdurack.wire.faults import fault_from_proto, fault_to_proto
 from rdurack.wire.jobs import speculative_to_proto
+from rdurack.wire.passes import pass_to_proto
 from rdurack.workloads.program import Op, ProgramRun
+from rdurack.workloads.serving.stream.pricing import Pass
 from rdurack.workloads.training.job import RankReport, TrainingWorkload
 
 TIER_NAMES = {v: k.value for k, v in convert.TIERS.items()}
@@ -186,6 +189,32 @@ class GrpcNodeGateway:
                 t.collective_ns,
             )
             for t in reply.sockets
+        ]
+
+    def run_passes(
+        self,
+        node: int,
+        job_id: str,
+        sockets: Sequence[str],
+        workload: EndpointWorkload,
+        passes: Sequence[Pass],
+        kv_tokens: int,
+        start_ns: int,
+    ) -> list[PassesRun]:
+        request = node_agent_pb2.NodePassesRequest(
+            job_id=job_id,
+            socket_ids=list(sockets),
+            model=workload.model,
+            group_size=workload.num_sockets,
+            emulated_start_ns=start_ns,
+            passes=[pass_to_proto(p) for p in passes],
+            kv_tokens=kv_tokens,
+        )
+        reply = self._call(node, f"passes of {job_id}", "RunPasses", request, self.timeout_s)
+        assert isinstance(reply, node_agent_pb2.NodePassesResponse)
+        return [
+            PassesRun(s.socket_id, s.emulated_start_ns, s.emulated_end_ns, tuple(s.duration_ns))
+            for s in reply.sockets
         ]
 
     def run_program(

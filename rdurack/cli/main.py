@@ -54,7 +54,7 @@ def build_app() -> typer.Typer:
             "jobs": talks_to_orchestrator(jobs.jobs_cmd),
             "status": talks_to_orchestrator(rack.status_cmd),
             "demo": demo.demo_cmd,
-            "serve": serve.serve_cmd,
+            "serve": talks_to_orchestrator(serve.serve_cmd),
             "certs": security.certs_cmd,
             "token": security.token_cmd,
             "trace": trace.trace_cmd,

@@ -11,6 +11,8 @@ from rich.console import Console
 from rdurack.cli.options import SpecOpt
 from rdurack.cli.predict import PlatformOpt
 from rdurack.cli.stream import DEFAULT_MAX_BATCH, ChunkTokensOpt, MaxBatchOpt, PolicyOpt
+from rdurack.client.connection import Target
+from rdurack.client.rack import RackClient
 from rdurack.errors import InvalidRequest, UnknownName
 from rdurack.rack.models import builtin_models
 from rdurack.rack.whatif import load_platform
@@ -46,10 +48,21 @@ def serve_cmd(
     spec: SpecOpt = None,
     host: Annotated[str, typer.Option(help="address to listen on")] = "127.0.0.1",
     port: Annotated[int, typer.Option(min=0, max=65535, help="port to listen on")] = 8000,
+    rack: Annotated[
+        bool,
+        typer.Option(
+            "--rack",
+            help="run the iterations on the sockets of the rack at --address (an endpoint "
+            "job per model holds them); its platform is the rack's",
+        ),
+    ] = False,
+    *,
+    to: Target,
 ) -> None:
     """Serve the OpenAI API (/v1/models, /v1/completions, /v1/chat/completions, streamed
     or not) and /metrics, each model batched on its own sockets under --policy, each
-    iteration priced by the timing model and its tokens paced at --time-scale."""
+    iteration priced by the timing model (on the rack's sockets with --rack) and its
+    tokens paced at --time-scale."""
     from rdurack.endpoint.server import engines, serve  # its web stack, only when serving
 
     names = model or ["llama3.1-8b"]
@@ -61,6 +74,9 @@ def serve_cmd(
         raise InvalidRequest(f"--model: each model once, got {names}")
     if chunk_tokens is not None and policy is not Policy.CHUNKED:
         raise InvalidRequest("--chunk-tokens is --policy chunked-prefill's")
+    channel = to.channel() if rack else None
+    if channel is not None:
+        platform = RackClient(channel).status().platform  # the rack's, whatever was given
     p = Predictor(load_platform(platform, spec))
     per_model = sockets or max(1, p.platform.sockets // len(names))
     if per_model * len(names) > p.platform.sockets:
@@ -75,10 +91,15 @@ def serve_cmd(
         max_batch or DEFAULT_MAX_BATCH,
         chunk_tokens or DEFAULT_CHUNK_TOKENS,
     )
-    served = engines(p, names, setting, known, time_scale, max_waiting)
+    served = engines(p, names, setting, known, time_scale, max_waiting, channel)
+    where = f" of the rack at {to.address}" if rack else ""
     Console(stderr=True).print(
-        f"serving {', '.join(names)} on {per_model} {p.platform.name} sockets each at "
-        f"http://{host}:{port}/v1 (time scale {time_scale:g}); Ctrl-C stops",
+        f"serving {', '.join(names)} on {per_model} {p.platform.name} sockets each{where} "
+        f"at http://{host}:{port}/v1 (time scale {time_scale:g}); Ctrl-C stops",
         highlight=False,
     )
-    serve(served, host, port)
+    try:
+        serve(served, host, port)
+    finally:
+        if channel is not None:
+            channel.close()

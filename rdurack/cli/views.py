@@ -183,6 +183,9 @@ def job_dict(job: job_pb2.Job) -> dict[str, Any]:
         return coe_dict(job)
     if kind == "training":
         return training_dict(job)
+    if kind == "endpoint":  # the sockets of a model of `rdu serve --rack`: no result
+        e = job.spec.endpoint
+        return _essentials(job, e.model, "endpoint", num_sockets=e.num_sockets)
     k = job.spec.kernel
     has = job.result.HasField("kernel")
     r = job.result.kernel

@@ -5,8 +5,10 @@ Every request goes to its model's engine (endpoint/engine.py); its tokens come b
 the engine's iterations produce them, and `usage` reports the emulated timings. Errors
 are OpenAI's error body with the status an OpenAI client expects: 400 for a bad field
 (named) or a prompt that can never fit, 404 for an unknown model, 429 with Retry-After
-when the model's queue is at its bound. A client that goes away, or a stop sequence
-met, takes its request out of the batch at once.
+when the model's queue is at its bound, 503 with Retry-After when the rack's sockets
+could not run an iteration (a stream already under way ends with an error event). A
+client that goes away, or a stop sequence met, takes its request out of the batch at
+once.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from rdurack.endpoint.engine import Engine, Handle, QueueFull, Token
+from rdurack.endpoint.engine import Engine, Handle, QueueFull, Token, Unavailable
 from rdurack.endpoint.metrics import EndpointMetrics
 from rdurack.endpoint.protocol import (
     ChatRequest,
@@ -134,6 +136,8 @@ class Reply:
             return None
         token = await self.handle.tokens.get()
         if token is None:
+            if self.handle.error is not None:
+                raise self.handle.error
             return None
         self.tokens.append(token)
         piece = self.text.next()
@@ -205,8 +209,12 @@ async def _events(reply: Reply) -> AsyncIterator[str]:
             role = {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                     "finish_reason": None}  # fmt: skip
             yield _sse(reply.envelope([role], True))
-        while (piece := await reply.next()) is not None:
-            yield _sse(reply.envelope([reply.choice(piece, None, True)], True))
+        try:
+            while (piece := await reply.next()) is not None:
+                yield _sse(reply.envelope([reply.choice(piece, None, True)], True))
+        except Unavailable as e:  # the status is sent: OpenAI streams an error event
+            yield _sse(error_body(str(e), "service_unavailable_error", None, "unavailable"))
+            return
         yield _sse(reply.envelope([reply.choice("", reply.finish_reason, True)], True))
         options = reply.body.stream_options
         if options is not None and options.include_usage:
@@ -253,6 +261,14 @@ def _errors(app: FastAPI) -> None:
             error_body(str(exc), "rate_limit_error", None, "queue_full"),
             429,
             headers={"Retry-After": str(retry)},
+        )
+
+    @app.exception_handler(Unavailable)
+    async def down(request: Request, exc: Unavailable) -> JSONResponse:
+        return JSONResponse(
+            error_body(str(exc), "service_unavailable_error", None, "unavailable"),
+            503,
+            headers={"Retry-After": str(max(1, ceil(exc.retry_after_s)))},
         )
 
     @app.exception_handler(ValueError)

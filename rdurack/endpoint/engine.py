@@ -24,8 +24,23 @@ from rdurack.errors import RdurackError
 from rdurack.workloads.serving.stream.arrivals import Arrival
 from rdurack.workloads.serving.stream.scheduler import Iteration, Running, Scheduler
 
-# What an executor does with an iteration: run it, and say its emulated seconds.
-Executor = Callable[[Iteration], Awaitable[float]]
+# What an executor does with an iteration starting at an emulated time (s since the
+# engine started): run it, and say its emulated seconds; Unavailable if it cannot.
+Executor = Callable[[Iteration, float], Awaitable[float]]
+
+# After an iteration the rack could not run, new requests are refused for this long
+# (wall s) before the next one tries the rack again: a client retrying at once is told
+# 503 at once, rather than each finding out after a call to the rack.
+UNAVAILABLE_FOR_S = 1.0
+
+
+class Unavailable(RdurackError):
+    """The sockets could not run an iteration (a socket failed, the rack is down): its
+    requests, and the waiting ones, end with this; `retry_after_s` (wall)."""
+
+    def __init__(self, message: str, retry_after_s: float = UNAVAILABLE_FOR_S) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class QueueFull(RdurackError):
@@ -56,6 +71,7 @@ class Handle:
     admitted_s: float | None = None
     last_s: float = 0.0  # its last token's emulated time
     done: bool = False
+    error: Unavailable | None = None  # why it ended before its last token
 
 
 class Engine:
@@ -83,6 +99,7 @@ class Engine:
         self._next = 0
         self._work = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._down: tuple[Unavailable, float] | None = None  # the last failure, wall time
         self.on_token: Callable[[Handle, Token], None] = lambda h, t: None
         self.on_done: Callable[[Handle, Running | None], None] = lambda h, r: None
 
@@ -114,6 +131,11 @@ class Engine:
         """Queue a request; Refused if it could never fit, QueueFull at the bound.
         `received`: when the server got it (time.monotonic()), so that parsing it is not
         counted as emulated waiting; default now."""
+        if self._down is not None:
+            failure, since = self._down
+            if time.monotonic() - since < UNAVAILABLE_FOR_S:
+                raise Unavailable(str(failure), UNAVAILABLE_FOR_S)
+            self._down = None  # the next iteration tries the sockets again
         if len(self.scheduler.waiting) >= self.max_waiting:
             raise QueueFull(
                 f"{self.model}: {len(self.scheduler.waiting)} requests are waiting, the "
@@ -159,7 +181,11 @@ class Engine:
                 h = self._handles.get(r.arrival.index)
                 if h is not None and h.admitted_s is None:
                     h.admitted_s = r.admitted_s
-            self.iteration_s = await self.executor(it)
+            try:
+                self.iteration_s = await self.executor(it, start)
+            except Unavailable as e:
+                self._fail(e)
+                continue
             end = start + self.iteration_s
             await self._pace(end)
             self.clock_s = end
@@ -188,6 +214,15 @@ class Engine:
                 h.sent += 1
                 h.tokens.put_nowait(token)
                 self.on_token(h, token)
+
+    def _fail(self, e: Unavailable) -> None:
+        """The sockets could not run an iteration: every request ends with `e`, its slot
+        and KV cache freed, and new ones are refused for a while."""
+        self._down = (e, time.monotonic())
+        for h in list(self._handles.values()):
+            self.scheduler.drop(h.arrival.index)
+            h.error = e
+            self._close(h, None)
 
     def _close(self, h: Handle, r: Running | None) -> None:
         if h.done:

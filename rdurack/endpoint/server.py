@@ -2,7 +2,9 @@
 
 Each model served gets an engine whose iterations are priced by the timing model
 (workloads/serving/stream/pricing.py), on its own group of sockets of the platform, and
-paced at `time_scale`.
+paced at `time_scale`: in this process (`priced`), or on a running rack's sockets, held
+by an endpoint job per model (endpoint/rack.py), which `serve` holds before it answers
+and releases when it stops.
 """
 
 from __future__ import annotations
@@ -10,10 +12,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
+import grpc
 import uvicorn
 
 from rdurack.endpoint.app import create_app
 from rdurack.endpoint.engine import Engine, Executor
+from rdurack.endpoint.rack import RackModel
 from rdurack.rack.models import ModelSpec
 from rdurack.workloads.predictor import Predictor
 from rdurack.workloads.serving.stream.pricing import Pricer
@@ -28,7 +32,7 @@ DEFAULT_MAX_WAITING = 256
 def priced(pricer: Pricer) -> Executor:
     """An executor that runs nothing: the timing model says how long an iteration takes."""
 
-    async def run(it: Iteration) -> float:
+    async def run(it: Iteration, start_s: float) -> float:
         return pricer(it).seconds
 
     return run
@@ -41,15 +45,33 @@ def engines(
     models: dict[str, ModelSpec],
     time_scale: float = 1.0,
     max_waiting: int = DEFAULT_MAX_WAITING,
+    rack: grpc.Channel | None = None,
 ) -> dict[str, Engine]:
-    """An engine per model name, each set as `setting` says but for its model."""
+    """An engine per model name, each set as `setting` says but for its model; with
+    `rack` (a channel to its orchestrator), its iterations run on the rack's sockets."""
     out = {}
     for name in names:
         pricer, scheduler = prepare(p, replace(setting, model=name), models)
-        out[name] = Engine(name, scheduler, priced(pricer), time_scale, max_waiting)
+        executor: Executor = (
+            priced(pricer) if rack is None else RackModel(rack, p.platform.name, pricer, scheduler)
+        )
+        out[name] = Engine(name, scheduler, executor, time_scale, max_waiting)
     return out
 
 
+def on_rack(served: dict[str, Engine]) -> list[RackModel]:
+    """The engines' models that run on a rack."""
+    return [e.executor for e in served.values() if isinstance(e.executor, RackModel)]
+
+
 def serve(served: dict[str, Engine], host: str, port: int) -> None:
-    """Serve until interrupted (uvicorn handles SIGINT and SIGTERM)."""
-    uvicorn.run(create_app(served), host=host, port=port, log_level="warning")
+    """Hold the models' sockets on the rack (if they run on one), then serve until
+    interrupted (uvicorn handles SIGINT and SIGTERM); the sockets are released after."""
+    held = on_rack(served)
+    try:
+        for model in held:
+            model.hold()
+        uvicorn.run(create_app(served), host=host, port=port, log_level="warning")
+    finally:
+        for model in held:
+            model.release()

@@ -37,7 +37,8 @@ from rdurack.errors import UnknownName
 from rdurack.node_agent import heap, ray_calls
 from rdurack.node_agent.health import SocketHealth
 from rdurack.node_agent.ray_calls import CONTROL_TIMEOUT_S, HEARTBEAT_TIMEOUT_S, STATE_TIMEOUT_S
-from rdurack.node_agent.socket import Socket, SocketState
+from rdurack.node_agent.runs import SocketState
+from rdurack.node_agent.socket import Socket
 from rdurack.rack.faults import FaultConflict
 from rdurack.telemetry import setup
 

@@ -2,19 +2,17 @@
 
 A plain class; api/node_agent_service.py serves it as rdurack.v1.NodeAgentService.
 Every call to an actor has a deadline (ray_calls.py), so a dead or wedged socket shows
-up as a clear error, never as a hang. The actors themselves, and what is known of each,
-are a NodeActors (actors.py).
-
-Calls that drive sockets for a job (run_kernel, serve, collective, run_program, train) open a
-span, child of the current one (the RPC's server span), and give the actors its context
-as an explicit carrier; the first socket to fail ends the others' waits.
+up as a clear error, never as a hang. The actors, and what is known of each, are a
+NodeActors (actors.py). Calls that drive sockets for a job open a span, child of the
+RPC's server span, and give the actors its context as an explicit carrier; the first
+socket to fail ends the others' waits.
 
 Faults (docs/faults.md): the agent applies its node's part of each injected fault and
-keeps them until they are cleared; a socket actor that died (killed, or on its own)
-stays dead, reported by `heartbeat`, until `clear_faults` restarts it. A restarted
-actor continues its predecessor's emulated clock and gets the faults still in force.
-What each socket must be told is decided by fault_plan.py (pure); this class makes the
-calls. `start_rack` starts every node's agent in one process, for tests and benchmarks.
+keeps them until cleared; a socket actor that died stays dead, reported by `heartbeat`,
+until `clear_faults` restarts it, continuing its predecessor's emulated clock under the
+faults still in force. What each socket must be told is decided by fault_plan.py
+(pure); this class makes the calls. `start_rack` starts every node's agent in one
+process, for tests and benchmarks.
 """
 
 from __future__ import annotations
@@ -22,6 +20,7 @@ from __future__ import annotations
 import threading
 import uuid
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -35,7 +34,7 @@ from rdurack.node_agent.actors import NodeActors, control
 from rdurack.node_agent.fault_plan import FaultState
 from rdurack.node_agent.health import SocketHealth
 from rdurack.node_agent.ray_calls import CONTROL_TIMEOUT_S, HEARTBEAT_TIMEOUT_S
-from rdurack.node_agent.socket import Run
+from rdurack.node_agent.runs import PassesRun, Run
 from rdurack.rack.faults import Fault, FaultKind
 from rdurack.rack.kernels import FusionPlan, Phase
 from rdurack.rack.models import ModelSpec
@@ -46,6 +45,7 @@ from rdurack.telemetry import names
 from rdurack.telemetry.propagation import inject
 from rdurack.workloads.program import Op, ProgramRun
 from rdurack.workloads.serving.batch import SERVE, ServeRequest
+from rdurack.workloads.serving.stream.pricing import Pass
 from rdurack.workloads.training.job import RankReport, TrainingWorkload
 
 
@@ -216,6 +216,28 @@ class NodeAgent:
             f"serve job {job_id}",
             "serve",
             (job_id, request, first_step, steps, start_ns),
+        )
+
+    def run_passes(
+        self,
+        job_id: str,
+        socket_ids: Sequence[str],
+        model: ModelSpec,
+        group_size: int,
+        passes: Sequence[Pass],
+        kv_tokens: int,
+        start_ns: int | None = None,
+    ) -> list[PassesRun]:
+        """An endpoint's passes on the sockets (Socket.run_passes); the TP group is
+        `group_size` sockets, across nodes."""
+        return self._drive(
+            names.SPAN_NODE_KERNEL,
+            {names.ATTR_JOB_MODEL: model.name, names.ATTR_STEPS: len(passes)},
+            job_id,
+            socket_ids,
+            f"passes of endpoint job {job_id}",
+            "run_passes",
+            (job_id, model, group_size, list(passes), kv_tokens, start_ns),
         )
 
     def collective(
@@ -459,19 +481,9 @@ def start_rack(platform: PlatformSpec, **options: Any) -> list[NodeAgent]:
     give every socket the link addresses of all the others. `options` go to NodeAgent.
     This is how tests and benchmarks build a whole rack on one machine."""
     agents = [NodeAgent(i, platform, **options) for i in range(platform.nodes)]
-    errors: list[BaseException] = []
-
-    def start(agent: NodeAgent) -> None:
-        try:
-            agent.start()
-        except BaseException as e:  # re-raised below, after every thread ended
-            errors.append(e)
-
-    threads = [threading.Thread(target=start, args=(a,)) for a in agents]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    with ThreadPoolExecutor(max_workers=len(agents)) as pool:
+        started = [pool.submit(a.start) for a in agents]
+    errors = [e for f in started if (e := f.exception()) is not None]
     if errors:
         for a in agents:
             a.stop()

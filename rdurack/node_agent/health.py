@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rdurack.node_agent.socket import SocketState
+from rdurack.node_agent.runs import SocketState
 
 
 @dataclass(frozen=True)

@@ -66,6 +66,17 @@ class JobMemory:
             if nbytes and key not in self.memory:
                 self.memory.allocate(key, tier, nbytes, what=what)
 
+    def hold_kv(self, job_id: str, model: str, kv_tokens: int, nbytes: int) -> None:
+        """A serving engine's KV cache, which grows and shrinks with its requests: the
+        previous hold of `model`'s cache for the job is replaced by `nbytes` in HBM."""
+        prefix = f"{job_id}/kv/{model}/"
+        for alloc in self.memory.allocations():
+            if alloc.name.startswith(prefix):
+                self.memory.free(alloc.name)
+        if nbytes:
+            what = f"KV cache of {kv_tokens} tokens"
+            self.memory.allocate(f"{prefix}{kv_tokens}", Tier.HBM, nbytes, what=what)
+
     def release(self, job_id: str) -> None:
         """Free everything `job_id` holds."""
         prefix = f"{job_id}/"

@@ -1,27 +1,22 @@
 """One emulated RDU socket: tiered memory, an emulated clock, kernels and links.
 
 A plain class (Ray wraps it in node_agent/actors.py, the one place that knows Ray), so
-it is tested without Ray. A socket serves one job at a time, and holds what the job
-put on its tiers (node_agent/job_memory.py) until the job releases it. Kernels advance
-its clock by what the rack/ timing model says, and a serve job's prefill and decode by
-what workloads/serving/ says of them (the same figures as `rdu predict serve`); programs
-run on it as
-workloads/coe/bundle.py says, a functional Generate op with real all-reduces
-(node_agent/generation.py); collectives run over its gRPC links on its clock
-(node_agent/collective_engine.py); a training job runs as a DDP rank on it
-(node_agent/training/, imported only when a job trains). With `time_scale` > 0 its
-calls return when wall time has caught up with their emulated time
-(node_agent/timeline/pacing.py). Fault hooks slow its kernels, take a link down or
-delay it.
-
-Every kernel, program op, collective (with its sends) and training segment (with its
-steps and checkpoints) is a span on the emulated timeline, child of the caller's
-carrier (node_agent/timeline/hardware_trace.py, docs/tracing.md).
+it is tested without Ray. A socket serves one job at a time, and holds what the job put
+on its tiers (node_agent/job_memory.py) until the job releases it. Kernels advance its
+clock by what the rack/ timing model says; a serve job's prefill and decode, and an
+endpoint's passes, by what workloads/serving/ says of them (as `rdu predict serve`);
+programs run as workloads/coe/bundle.py says, a functional Generate op with real
+all-reduces (node_agent/generation.py); collectives run over its gRPC links on its
+clock (node_agent/collective_engine.py); a training job runs as a DDP rank on it
+(node_agent/training/, imported only when a job trains). With `time_scale` > 0 its calls
+return when wall time has caught up with their emulated time (timeline/pacing.py).
+Fault hooks slow its kernels, take a link down or delay it. Every kernel, pass, program
+op, collective and training segment is a span on the emulated timeline, child of the
+caller's carrier (timeline/hardware_trace.py, docs/tracing.md).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -32,6 +27,7 @@ from rdurack.node_agent.collective_engine import CollectiveEngine, check
 from rdurack.node_agent.generation import TinyExperts
 from rdurack.node_agent.job_memory import JobMemory, tier_named
 from rdurack.node_agent.links.endpoint import LinkEndpoint
+from rdurack.node_agent.runs import PassesRun, Run, SocketState
 from rdurack.node_agent.timeline.hardware_trace import HardwareTrace, kernel_attributes
 from rdurack.node_agent.timeline.pacing import Pacer
 from rdurack.node_agent.timeline.step_collectives import draw_step
@@ -50,6 +46,7 @@ from rdurack.workloads.predictor import Predictor
 from rdurack.workloads.program import Op, ProgramRun
 from rdurack.workloads.serving.batch import ServeRequest, resolve
 from rdurack.workloads.serving.costs import Cost, serve_parts
+from rdurack.workloads.serving.stream.pricing import Pass, cost
 
 if TYPE_CHECKING:
     # Imported where a job trains (Socket.train): most sockets never do, and the
@@ -57,36 +54,6 @@ if TYPE_CHECKING:
     # (~50 of ~145 ms on this machine), paid by 16 actors in every bring-up.
     from rdurack.node_agent.training.runner import RankRunner
     from rdurack.workloads.training.job import RankReport, TrainingWorkload
-
-
-@dataclass(frozen=True)
-class Run:
-    """What one kernel or collective call did on this socket, in emulated ns."""
-
-    socket_id: str
-    start_ns: int
-    end_ns: int
-    kernel_calls: int = 0
-    hbm_bytes: int = 0
-    flops: int = 0  # FLOPs of its kernels on this socket
-    launch_ns: int = 0  # of the duration: launching its kernels
-    collective_ns: int = 0  # of the duration: collectives inside its kernels nothing hides
-    bytes_sent: int = 0
-    bytes_received: int = 0
-
-    @property
-    def duration_ns(self) -> int:
-        return self.end_ns - self.start_ns
-
-
-@dataclass(frozen=True)
-class SocketState:
-    socket_id: str
-    job_id: str | None
-    clock_ns: int
-    link_address: str
-    slowdown: float
-    tiers: dict[str, TierUsage] = field(default_factory=dict)
 
 
 class Socket:
@@ -337,6 +304,42 @@ class Socket:
             launch_ns=round(total.launch_s * 1e9),
             collective_ns=round(total.collective_s * 1e9),
         )
+
+    def run_passes(
+        self,
+        job_id: str,
+        model: ModelSpec,
+        group_size: int,
+        passes: list[Pass],
+        kv_tokens: int,
+        start_ns: int | None = None,
+        carrier: dict[str, str] | None = None,
+    ) -> PassesRun:
+        """An endpoint's forward passes, one after the other, priced as `rdu predict
+        serve --arrivals` prices them: this socket's share of a TP group of
+        `group_size`. The model's weight share stays held in HBM for the job; its KV
+        cache is what the engine's requests hold now (`kv_tokens`, the whole group's).
+        A span per pass."""
+        self._hold(job_id)
+        if not passes:
+            raise InvalidRequest("passes: at least one")
+        self._held.hold_model(job_id, model.name, place(model, self.platform, group_size, 0), 0)
+        kv = place(model, self.platform, group_size, kv_tokens).kv_hbm_bytes
+        self._held.hold_kv(job_id, model.name, kv_tokens, kv)
+        self._pacer.meet(start_ns)
+        start = self.clock.now_ns
+        parent = extract(carrier)
+        durations = []
+        for done in passes:
+            at = self.clock.now_ns
+            spent = cost(self._predictor, model, group_size, done)
+            self.clock.advance(spent.seconds * self.slowdown)
+            durations.append(self.clock.now_ns - at)
+            self._trace.passed(
+                parent, job_id, at, self.clock.now_ns, model.name, done, spent, kv_tokens
+            )
+        self._pacer.pace()
+        return PassesRun(self.name, start, self.clock.now_ns, tuple(durations))
 
     # ------------------------------------------------------------------ programs
 

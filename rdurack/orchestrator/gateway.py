@@ -7,9 +7,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
-from rdurack.orchestrator.jobs import KernelWorkload
+from rdurack.orchestrator.jobs import EndpointWorkload, KernelWorkload
 from rdurack.rack.faults import Fault
 from rdurack.workloads.program import Op, ProgramRun
+from rdurack.workloads.serving.stream.pricing import Pass
 from rdurack.workloads.training.job import RankReport, TrainingWorkload
 
 
@@ -81,6 +82,17 @@ class KernelRun:
     collective_ns: int = 0  # of its duration: collectives inside kernels nothing hides
 
 
+@dataclass(frozen=True)
+class PassesRun:
+    """One socket's share of an endpoint's passes: each pass's duration and the clock
+    before and after them, emulated ns."""
+
+    socket_id: str
+    start_ns: int
+    end_ns: int
+    durations_ns: tuple[int, ...]
+
+
 class NodeGateway(Protocol):
     def nodes(self) -> list[NodeView]:
         """Every node agent's view of its sockets; an unreachable agent is a NodeView
@@ -110,6 +122,21 @@ class NodeGateway(Protocol):
         job's steps are numbered (step 0 its prefill, step i its decode iteration
         i - 1): the call runs first_step .. first_step + steps - 1. `group`: the job's
         sockets in rank order, across nodes."""
+        ...
+
+    def run_passes(
+        self,
+        node: int,
+        job_id: str,
+        sockets: Sequence[str],
+        workload: EndpointWorkload,
+        passes: Sequence[Pass],
+        kv_tokens: int,
+        start_ns: int,
+    ) -> list[PassesRun]:
+        """An endpoint job's forward passes on this node's `sockets` of its TP group
+        (`workload.num_sockets`), one after the other from `start_ns`; the engine's
+        requests hold `kv_tokens` of KV cache meanwhile."""
         ...
 
     def run_program(

@@ -133,8 +133,21 @@ class KernelWorkload(Config):
         )
 
 
+class EndpointWorkload(Config):
+    """Hold N sockets (tensor parallel) for one model of an OpenAI-compatible endpoint
+    until cancelled; the endpoint runs its iterations on them (RunPasses). Field names
+    are those of the proto's EndpointJob."""
+
+    kind: Literal["endpoint"] = "endpoint"
+    model: str = Field(min_length=1, max_length=100)
+    num_sockets: int = Field(default=8, gt=0, le=1024)
+
+
 # The kinds are the proto's JobSpec oneof names.
-Workload = Annotated[KernelWorkload | CoeWorkload | TrainingWorkload, Field(discriminator="kind")]
+Workload = Annotated[
+    KernelWorkload | CoeWorkload | TrainingWorkload | EndpointWorkload,
+    Field(discriminator="kind"),
+]
 
 
 class JobSpec(Config):

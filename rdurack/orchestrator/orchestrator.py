@@ -40,12 +40,13 @@ from typing import Literal
 
 from opentelemetry import trace
 
-from rdurack.errors import PermissionDenied, QuotaExceeded, UnknownName
+from rdurack.errors import InvalidRequest, PermissionDenied, QuotaExceeded, UnknownName
 from rdurack.orchestrator.gateway import NodeGateway, NodeView, SocketView
 from rdurack.orchestrator.health import DEAD_AFTER_S, INTERVAL_S, Change, HealthWatcher
 from rdurack.orchestrator.jobs import Job, JobSpec, JobState
 from rdurack.orchestrator.kinds.coe import CoeKind
 from rdurack.orchestrator.kinds.contract import JobKind, KindContext
+from rdurack.orchestrator.kinds.endpoint import EndpointKind
 from rdurack.orchestrator.kinds.kernel import KernelKind
 from rdurack.orchestrator.kinds.training import TrainingKind
 from rdurack.orchestrator.scheduler import Scheduler
@@ -57,6 +58,7 @@ from rdurack.rack.models import builtin_models
 from rdurack.rack.spec import PlatformSpec
 from rdurack.rack.topology import Topology
 from rdurack.telemetry import names
+from rdurack.workloads.serving.stream.pricing import Pass
 
 log = logging.getLogger(__name__)
 OTHER_TENANT = "(another tenant's job)"  # what a tenant sees of a socket it does not hold
@@ -107,10 +109,12 @@ class Orchestrator:
         self._training = TrainingKind(context, checkpoint_dir)
         # The registry: each JobSpec workload `kind` and the kind that validates and
         # runs its jobs.
+        self._endpoint = EndpointKind(context)
         self._kinds: dict[str, JobKind] = {
             "kernel": KernelKind(context),
             "coe_inference": CoeKind(context),
             "training": self._training,
+            "endpoint": self._endpoint,
         }
         self.health = (
             HealthWatcher(
@@ -191,6 +195,7 @@ class Orchestrator:
         self._kick()
         if self._thread is not None:
             self._thread.join(timeout=10)
+        self._endpoint.stop()  # its holds would never end on their own
         self._supervisor.stop()
         self._signals.stop()
 
@@ -269,6 +274,22 @@ class Orchestrator:
         self._signals.notify(job_id)
         self._kick()
         return job
+
+    def run_passes(
+        self,
+        job_id: str,
+        offset_ns: int,
+        passes: Sequence[Pass],
+        kv_tokens: int,
+        tenant: str | None = None,
+    ) -> tuple[list[int], int]:
+        """An endpoint job's passes on its sockets (kinds/endpoint.py `run`)."""
+        job = self.get(job_id, tenant)
+        if job.spec.workload.kind != "endpoint":
+            raise InvalidRequest(
+                f"job {job_id} is a {job.spec.workload.kind} job; passes run on endpoint jobs"
+            )
+        return self._endpoint.run(job_id, offset_ns, passes, kv_tokens)
 
     def events(self, job_id: str, after: int = 0) -> list[Event]:
         return self.store.events(job_id, after)

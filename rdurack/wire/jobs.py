@@ -10,7 +10,7 @@ from pydantic import ValidationError
 
 from rdurack.errors import InvalidRequest
 from rdurack.orchestrator.gateway import NodeView
-from rdurack.orchestrator.jobs import Job, JobSpec, JobState
+from rdurack.orchestrator.jobs import EndpointWorkload, Job, JobSpec, JobState
 from rdurack.orchestrator.results import RESULTS, JobResult
 from rdurack.orchestrator.store import Event
 from rdurack.v1 import common_pb2, job_pb2, rack_pb2, serve_pb2
@@ -33,6 +33,10 @@ def spec_from_proto(p: job_pb2.JobSpec, default_platform: str) -> JobSpec:
         workload = _coe_from_proto(p.coe_inference)
     elif kind == "training":
         workload = training_convert.workload_from_proto(p.training)
+    elif kind == "endpoint":
+        # Proto3's 0 is unset: a socket count of 0 is refused by the model.
+        workload = {"kind": "endpoint", "model": p.endpoint.model}
+        workload["num_sockets"] = p.endpoint.num_sockets
     else:
         workload = _kernel(p)
     try:
@@ -139,6 +143,9 @@ def spec_to_proto(spec: JobSpec, client_request_id: str | None = None) -> job_pb
         return msg
     if isinstance(w, TrainingWorkload):
         msg.training.CopyFrom(training_convert.workload_to_proto(w))
+        return msg
+    if isinstance(w, EndpointWorkload):
+        msg.endpoint.CopyFrom(job_pb2.EndpointJob(model=w.model, num_sockets=w.num_sockets))
         return msg
     msg.kernel.CopyFrom(
         job_pb2.KernelJob(

@@ -6,7 +6,7 @@ from typing import Protocol
 
 from rdurack.errors import InvalidRequest
 from rdurack.node_agent.health import SocketHealth
-from rdurack.node_agent.socket import Run
+from rdurack.node_agent.runs import Run
 from rdurack.rack.kernels import FusionPlan, Phase
 from rdurack.rack.models import ExpertMapping
 from rdurack.rack.spec import Tier

@@ -17,8 +17,15 @@ from pathlib import Path
 from typing import Any
 
 from rdurack.errors import LinkFailure, SocketBusy
-from rdurack.orchestrator.gateway import KernelRun, NodeBeat, NodeView, SocketBeat, SocketView
-from rdurack.orchestrator.jobs import JobSpec, JobState, KernelWorkload
+from rdurack.orchestrator.gateway import (
+    KernelRun,
+    NodeBeat,
+    NodeView,
+    PassesRun,
+    SocketBeat,
+    SocketView,
+)
+from rdurack.orchestrator.jobs import EndpointWorkload, JobSpec, JobState, KernelWorkload
 from rdurack.orchestrator.orchestrator import Orchestrator
 from rdurack.orchestrator.store import JobStore
 from rdurack.rack.faults import Fault
@@ -30,6 +37,7 @@ from rdurack.rack.topology import Topology
 from rdurack.workloads.coe.bundle import PredictedReplicas
 from rdurack.workloads.coe.spec import CoeWorkload
 from rdurack.workloads.program import Deploy, Op, ProgramRun
+from rdurack.workloads.serving.stream.pricing import Pass
 from rdurack.workloads.training.job import RankReport
 
 RACK = platform("sn40l-rack16")
@@ -63,6 +71,7 @@ class FakeGateway:
         self.dead_fails_at_once = True
         self.fail_node: int | None = None  # this node's part of every run fails at once
         self.at_gate: dict[str, int] = {}  # job -> its calls held at the closed gate now
+        self.kv_tokens: dict[str, int] = {}  # endpoint job -> the KV cache of its last passes
 
     def nodes(self) -> list[NodeView]:
         with self.lock:
@@ -160,6 +169,28 @@ class FakeGateway:
             KernelRun(s, start_ns, end, 3 * steps, 1_000 * steps, STEP_FLOPS * steps)
             for s in sockets
         ]
+
+    def run_passes(
+        self,
+        node: int,
+        job_id: str,
+        sockets: Sequence[str],
+        workload: EndpointWorkload,
+        passes: Sequence[Pass],
+        kv_tokens: int,
+        start_ns: int,
+    ) -> list[PassesRun]:
+        """Each pass takes STEP_NS; the clocks run from the later of theirs and start_ns."""
+        if node == self.fail_node:
+            raise LinkFailure(f"node {node}: link down")
+        out = []
+        with self.lock:
+            self.kv_tokens[job_id] = kv_tokens
+            for s in sockets:
+                start = max(self.clock.get(s, 0), start_ns)
+                self.clock[s] = start + STEP_NS * len(passes)
+                out.append(PassesRun(s, start, self.clock[s], (STEP_NS,) * len(passes)))
+        return out
 
     def _wait_gate(self, node: int, job_id: str, sockets: Sequence[str]) -> None:
         """Hold a run while the gate is closed; fail it once aborted, or at once on a

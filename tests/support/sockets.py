@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
-from rdurack.node_agent.socket import Run, Socket
+from rdurack.node_agent.runs import Run
+from rdurack.node_agent.socket import Socket
 
 
 def together(sockets: dict[str, Socket], call: Callable[[Socket], Run]) -> dict[str, Run]:

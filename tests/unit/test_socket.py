@@ -14,7 +14,8 @@ import pytest
 from rdurack.errors import InvalidRequest, LinkFailure, OutOfMemory, SocketBusy
 from rdurack.node_agent.collective_engine import _apply
 from rdurack.node_agent.links.mailbox import Message
-from rdurack.node_agent.socket import Run, Socket
+from rdurack.node_agent.runs import Run
+from rdurack.node_agent.socket import Socket
 from rdurack.rack.clock import EmulatedClock
 from rdurack.rack.collectives import (
     Algorithm,

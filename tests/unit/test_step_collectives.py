@@ -11,7 +11,8 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from rdurack.errors import InvalidRequest
-from rdurack.node_agent.socket import Run, Socket
+from rdurack.node_agent.runs import Run
+from rdurack.node_agent.socket import Socket
 from rdurack.node_agent.timeline.step_collectives import draw, step_collectives
 from rdurack.rack.kernels import FusionPlan, Phase
 from rdurack.rack.models import model

@@ -29,7 +29,8 @@ from rdurack.rack.kernels import Phase
 from rdurack.telemetry import names
 from rdurack.workloads.program import Deploy, Kernel, Op, OpRun, Switch
 from rdurack.workloads.serving.batch import SERVE, ServeBatch
-from rdurack.workloads.serving.costs import Part
+from rdurack.workloads.serving.costs import Cost, Part
+from rdurack.workloads.serving.stream.pricing import Pass
 
 # Assumption: 64 sends cover one socket's part of every algorithm over the 16 sockets
 # of a rack (a ring all-reduce makes 2 x 15 = 30); the cap only guards a larger group.
@@ -164,6 +165,31 @@ class HardwareTrace:
             self.span(name, parent, job_id, run.start_ns, run.end_ns, attributes)
 
         return observe
+
+    def passed(
+        self,
+        parent: Context,
+        job_id: str,
+        start_ns: int,
+        end_ns: int,
+        model: str,
+        done: Pass,
+        spent: Cost,
+        kv_tokens: int,
+    ) -> None:
+        """One forward pass of an endpoint's engine (`rdu.serve.pass`) on this socket."""
+        attributes: dict[str, AttributeValue] = {
+            names.ATTR_JOB_MODEL: model,
+            names.ATTR_FUSION_PLAN: done.plan.value,
+            names.ATTR_BATCH: sum(s.batch for s in done.shapes),
+            names.ATTR_PASS_TOKENS: sum(s.tokens for s in done.shapes),
+            names.ATTR_KV_TOKENS: kv_tokens,
+            names.ATTR_KERNEL_CALLS: round(spent.kernel_calls),
+            names.ATTR_HBM_BYTES: round(spent.hbm_bytes),
+            names.ATTR_FLOPS: round(spent.flops),
+            names.ATTR_TIER: KERNEL_TRAFFIC_TIER,
+        }
+        self.span(names.SPAN_PASS, parent, job_id, start_ns, end_ns, attributes)
 
     def serve(
         self,

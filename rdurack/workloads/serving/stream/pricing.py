@@ -20,6 +20,7 @@ arriving at once costs what `rdu predict serve` says of it.
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass
 
 from rdurack.rack.kernels import FusionPlan, Shape
 from rdurack.rack.models import ModelSpec
@@ -52,6 +53,28 @@ def shapes(it: Iteration) -> tuple[tuple[Shape, ...], int]:
     return tuple(sorted(merged, key=lambda s: (s.causal, s.new_tokens, s.context))), logits
 
 
+@dataclass(frozen=True, slots=True)
+class Pass:
+    """What the sockets run for an iteration: its shapes under one plan, the new tokens
+    whose next token is sampled, and whether it starts a request (pays the invocation).
+    A rack's sockets price it by `cost`, as the predictor does (`rdu serve --rack`)."""
+
+    plan: FusionPlan
+    shapes: tuple[Shape, ...]
+    logits: int
+    invokes: bool
+
+
+def cost(p: Predictor, model: ModelSpec, sockets: int, done: Pass) -> Cost:
+    """One pass of `model` on a TP group of `sockets`, by the one timing model."""
+    timing = p.mixed(model, done.plan, done.shapes, done.logits, sockets, HOT)
+    out = Cost.of(timing)
+    if done.invokes:
+        invocation = p.invocation_s
+        out += Cost(seconds=invocation, launch_s=invocation)
+    return out
+
+
 class Pricer:
     """Prices iterations of one model on `sockets` sockets."""
 
@@ -63,12 +86,10 @@ class Pricer:
         self.prefill_plan = prefill_plan(plan)
 
     def __call__(self, it: Iteration) -> Cost:
+        return cost(self.predictor, self.model, self.sockets, self.pass_of(it))
+
+    def pass_of(self, it: Iteration) -> Pass:
         parts, logits = shapes(it)
         prefill_only = not it.decode and not it.padding
         plan = self.prefill_plan if prefill_only else self.plan
-        timing = self.predictor.mixed(self.model, plan, parts, logits, self.sockets, HOT)
-        cost = Cost.of(timing)
-        if any(r.prefilled == 0 for r, _ in it.prefill):
-            invocation = self.predictor.invocation_s
-            cost += Cost(seconds=invocation, launch_s=invocation)
-        return cost
+        return Pass(plan, parts, logits, any(r.prefilled == 0 for r, _ in it.prefill))

@@ -1,0 +1,127 @@
+"""`rdu serve --rack` without Ray: the engine's iterations run as passes of an endpoint
+job on an orchestrator served over gRPC, whose sockets are real Socket objects
+(tests/support/socket_rack.py). The times equal the predictor's replay; the sockets'
+clocks, HBM and spans show the work; a rack that cannot run a pass answers 503."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import httpx
+import pytest
+
+from rdurack.api.job_service import JOB_SERVICE, JobService
+from rdurack.api.server import Server, channel
+from rdurack.endpoint.app import create_app
+from rdurack.endpoint.engine import UNAVAILABLE_FOR_S, Engine
+from rdurack.endpoint.rack import RackModel
+from rdurack.endpoint.server import engines, on_rack
+from rdurack.orchestrator.jobs import JobState
+from rdurack.orchestrator.orchestrator import Orchestrator
+from rdurack.orchestrator.store import JobStore
+from rdurack.rack.models import builtin_models
+from rdurack.rack.spec import Tier
+from rdurack.rack.topology import SocketId
+from rdurack.workloads.predictor import Predictor
+from rdurack.workloads.serving.stream.arrivals import Arrival
+from rdurack.workloads.serving.stream.replay import StreamSetting, replay
+from rdurack.workloads.serving.stream.scheduler import Policy
+from tests.support.endpoint import in_thread
+from tests.support.fake_rack import RACK, until
+from tests.support.ports import free_port
+from tests.support.socket_rack import SocketGateway
+from tests.unit.endpoint.test_engine import MODEL, _all
+
+SETTING = StreamSetting(MODEL, 8, Policy.CONTINUOUS, max_batch=4)
+
+
+@dataclass
+class Rack:
+    orchestrator: Orchestrator
+    gateway: SocketGateway
+    channel: grpc.Channel
+
+
+@pytest.fixture
+def rack(tmp_path: Path) -> Iterator[Rack]:
+    """An orchestrator on Socket objects, its JobService on a free port."""
+    gateway = SocketGateway()
+    o = Orchestrator(JobStore(tmp_path / "jobs.sqlite"), gateway, RACK, heartbeat_s=None)
+    o.start()
+    server = Server([(JOB_SERVICE, JobService(o).add_to)])
+    ch = channel(server.address)
+    try:
+        yield Rack(o, gateway, ch)
+    finally:
+        ch.close()
+        server.stop(0)
+        o.stop()
+        gateway.close()
+        o.store.close()
+
+
+def _on_rack(rack: Rack, time_scale: float = 0.0) -> tuple[Engine, RackModel]:
+    served = engines(
+        Predictor(RACK), [MODEL], SETTING, builtin_models(), time_scale, rack=rack.channel
+    )
+    (model,) = on_rack(served)
+    model.hold()
+    return served[MODEL], model
+
+
+def test_the_passes_run_on_the_sockets_and_time_as_the_predictors_replay(rack: Rack) -> None:
+    engine, model = _on_rack(rack)
+    assert model.job_id is not None
+    job = rack.orchestrator.get(model.job_id)
+    assert job.state is JobState.RUNNING and len(job.sockets) == 8
+    lengths = [(300, 20), (1200, 5), (64, 40), (700, 12), (90, 9), (2000, 3)]
+    got = asyncio.run(_all(engine, lengths))
+    arrivals = [Arrival(i, 0.0, p, o) for i, (p, o) in enumerate(lengths)]
+    want = replay(Predictor(RACK), SETTING, arrivals, builtin_models())
+    ttft = sorted(t[0].emulated_s for t in got)
+    e2e = sorted(t[-1].emulated_s for t in got)
+    # Each pass is whole ns on the sockets' clocks: at most 0.5 ns off per pass.
+    assert ttft[-1] == pytest.approx(want.ttft_s.max, rel=1e-6)
+    assert e2e[-1] == pytest.approx(want.e2e_s.max, rel=1e-6)
+    assert sum(e2e) / len(e2e) == pytest.approx(want.e2e_s.mean, rel=1e-6)
+
+    speaker = rack.gateway.speakers[SocketId.parse(job.sockets[0]).node]
+    assert job.emulated_start_ns is not None
+    assert speaker.clock.now_ns - job.emulated_start_ns == pytest.approx(
+        want.e2e_s.max * 1e9, rel=1e-6
+    )
+    held = {a.name.split("/", 1)[1]: a for a in speaker.memory.allocations()}
+    assert held[f"weights/{MODEL}"].tier is Tier.HBM
+    # The last pass ran with its last request's cache held: then nothing else runs.
+    kv = [a for name, a in held.items() if name.startswith(f"kv/{MODEL}/")]
+    assert len(kv) == 1 and kv[0].tier is Tier.HBM
+
+    model.release()
+    until(lambda: rack.orchestrator.get(job.id).state is JobState.CANCELLED, "released")
+
+
+def test_a_rack_that_cannot_run_a_pass_answers_503_until_it_can(rack: Rack) -> None:
+    engine, model = _on_rack(rack)
+    assert model.job_id is not None
+    node = SocketId.parse(rack.orchestrator.get(model.job_id).sockets[0]).node
+    body = {"model": MODEL, "prompt": "hello there", "max_tokens": 4}
+    with (
+        in_thread(create_app({MODEL: engine}), free_port()) as url,
+        httpx.Client(base_url=url) as c,
+    ):
+        assert c.post("/v1/completions", json=body).status_code == 200
+        rack.gateway.fail_node = node
+        down = c.post("/v1/completions", json=body)
+        assert down.status_code == 503, down.text
+        assert "the rack did not run its pass" in down.json()["error"]["message"]
+        assert down.headers["Retry-After"] == str(int(UNAVAILABLE_FOR_S))
+        again = c.post("/v1/completions", json=body)  # at once: no call to the rack
+        assert again.status_code == 503
+        rack.gateway.fail_node = None
+        until(lambda: c.post("/v1/completions", json=body).status_code == 200, "served again", 30)
+        assert (engine.running, engine.waiting, engine.scheduler.reserved_tokens) == (0, 0, 0)
+    model.release()

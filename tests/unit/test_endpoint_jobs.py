@@ -1,0 +1,84 @@
+"""Endpoint jobs (`rdu serve --rack`): the orchestrator holds a model's sockets until the
+job is cancelled, and runs the endpoint's passes on them (orchestrator/kinds/endpoint.py),
+here on the fake gateway."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rdurack.errors import InvalidRequest, LinkFailure
+from rdurack.orchestrator.jobs import EndpointWorkload, JobSpec, JobState
+from rdurack.rack.kernels import FusionPlan, Shape
+from rdurack.rack.topology import SocketId
+from rdurack.workloads.serving.stream.pricing import Pass
+from tests.support.fake_rack import STEP_NS, FakeGateway, spec, stepped, until, wait_for
+
+DECODE = Pass(FusionPlan.KERNEL_LOOPED, (Shape(4, 1, 300),), 4, False)
+
+
+def endpoint(model: str = "llama3.1-8b", sockets: int = 2) -> JobSpec:
+    return JobSpec(workload=EndpointWorkload(model=model, num_sockets=sockets))
+
+
+def test_an_endpoint_job_runs_passes_on_its_sockets_until_cancelled(tmp_path: Path) -> None:
+    gw = FakeGateway()
+    with stepped(tmp_path / "jobs.sqlite", gw) as o:
+        job, _ = o.submit(endpoint())
+        o.schedule_once()
+        until(lambda: o.get(job.id).state is JobState.RUNNING, "the endpoint job runs")
+        durations, start = o.run_passes(job.id, 5_000, [DECODE, DECODE], kv_tokens=1_200)
+        assert durations == [STEP_NS, STEP_NS]
+        assert start == o.get(job.id).emulated_start_ns
+        assert gw.kv_tokens[job.id] == 1_200
+        sockets = o.get(job.id).sockets
+        assert len(sockets) == 2
+        assert all(gw.clock[s] == start + 5_000 + 2 * STEP_NS for s in sockets)
+        assert all(gw.held.get(s) == job.id for s in sockets)  # held between passes too
+
+        o.cancel(job.id)
+        assert wait_for(o, job.id) is JobState.CANCELLED
+        with pytest.raises(LinkFailure, match="not running on its sockets now"):
+            o.run_passes(job.id, 0, [DECODE], 0)
+
+
+def test_a_failed_node_fails_the_pass_and_the_next_one_runs(tmp_path: Path) -> None:
+    gw = FakeGateway()
+    with stepped(tmp_path / "jobs.sqlite", gw) as o:
+        job, _ = o.submit(endpoint())
+        o.schedule_once()
+        until(lambda: o.get(job.id).state is JobState.RUNNING, "the endpoint job runs")
+        gw.fail_node = SocketId.parse(o.get(job.id).sockets[0]).node
+        with pytest.raises(LinkFailure, match="link down"):
+            o.run_passes(job.id, 0, [DECODE], 0)
+        gw.fail_node = None
+        assert o.run_passes(job.id, 0, [DECODE], 0)[0] == [STEP_NS]
+        o.cancel(job.id)
+        wait_for(o, job.id)
+
+
+def test_passes_run_on_endpoint_jobs_only(tmp_path: Path) -> None:
+    with stepped(tmp_path / "jobs.sqlite", FakeGateway()) as o:
+        job, _ = o.submit(spec(sockets=2, steps=1))
+        with pytest.raises(InvalidRequest, match="kernel job; passes run on endpoint jobs"):
+            o.run_passes(job.id, 0, [DECODE], 0)
+
+
+@pytest.mark.parametrize(
+    ("job", "message"),
+    [
+        (endpoint(model="gpt-9"), "spec.endpoint.model: unknown model 'gpt-9'"),
+        (endpoint(model="llama3.1-405b", sockets=1), "spec.endpoint.num_sockets: "),
+        (endpoint(sockets=3), "spec.endpoint.num_sockets: .*must divide heads"),
+        (endpoint(sockets=24), "num_sockets: 24 sockets asked; the rack has 16"),
+    ],
+)
+def test_an_endpoint_job_that_could_never_serve_is_refused(
+    tmp_path: Path, job: JobSpec, message: str
+) -> None:
+    with (
+        stepped(tmp_path / "jobs.sqlite", FakeGateway()) as o,
+        pytest.raises(InvalidRequest, match=message),
+    ):
+        o.submit(job)
