@@ -68,8 +68,9 @@ class Gate:
         """One line saying who may call, for the server's start-up message."""
         if self.auth.tokens is None:
             return "no tokens: anyone who reaches it may use every model"
-        tenants = len(self.auth.tokens.tenants)
-        return f"bearer tokens required ({tenants} tenants); {', '.join(sorted(OPEN_PATHS))} open"
+        n = len(self.auth.tokens.tenants)
+        tenants = f"{n} tenant{'' if n == 1 else 's'}"
+        return f"bearer tokens required ({tenants}); {', '.join(sorted(OPEN_PATHS))} open"
 
     def refusal(self, principal: Principal, model: str) -> str | None:
         """Why `principal` may not use `model`; None if it may. A model not served here
