@@ -117,7 +117,9 @@ class Gate:
 
 def _principal(request: Request) -> Principal:
     found = getattr(request.state, "principal", None)
-    if not isinstance(found, Principal):  # an open path: no caller checked
+    # Only an open path is reached without a principal, and none names a model; should
+    # one ever ask, it is refused rather than let through.
+    if not isinstance(found, Principal):
         raise ModelForbidden("no caller was authenticated for this route")
     return found
 
