@@ -77,7 +77,7 @@ k8s-render: ## print the manifests of k8s/overlays/$(OVERLAY) (OVERLAY=dev|rack1
 
 k8s-secrets: $(PROTO_STAMP) ## create the Secrets rdurack-tls (new certs) and rdurack-tokens (TOKENS=FILE)
 	$(if $(TOKENS),,$(error TOKENS=FILE: a tokens file, see README "Security"))
-	$(BIN)/rdu certs --out build/k8s-tls --host rdurack-orchestrator
+	$(BIN)/rdu certs --out build/k8s-tls --host rdurack-orchestrator --host rdurack-endpoint
 	$(KUBECTL) create secret generic rdurack-tls --from-file=build/k8s-tls \
 		--dry-run=client -o yaml | $(KUBECTL) apply -f -
 	$(KUBECTL) create secret generic rdurack-tokens --from-file=tokens.yaml=$(TOKENS) \

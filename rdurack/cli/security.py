@@ -22,7 +22,10 @@ def certs_cmd(
     out: Annotated[Path, typer.Option("--out", help="directory for ca.crt, tls.crt, tls.key")],
     host: Annotated[
         list[str] | None,
-        typer.Option("--host", help="a name or IP clients dial the orchestrator by (repeatable)"),
+        typer.Option(
+            "--host",
+            help="a name or IP clients dial the orchestrator or the endpoint by (repeatable)",
+        ),
     ] = None,
     rack_identity: Annotated[
         str, typer.Option(help="the name every rack member's certificate carries")

@@ -1,8 +1,12 @@
 """`rdu serve`: an OpenAI-compatible endpoint whose tokens come when the emulated
-sockets would produce them (rdurack/endpoint/, docs/serving.md)."""
+sockets would produce them (rdurack/endpoint/, docs/serving.md). Its security options
+are the orchestrator's, by name and variable: `--tokens` (RDURACK_TOKENS), `--tls-cert`
+and `--tls-key` (RDURACK_TLS_CERT, RDURACK_TLS_KEY), so a Kubernetes pod mounts the
+same Secrets the same way."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -16,6 +20,8 @@ from rdurack.client.rack import RackClient
 from rdurack.errors import InvalidRequest, UnknownName
 from rdurack.rack.models import builtin_models
 from rdurack.rack.whatif import load_platform
+from rdurack.security.auth import Authenticator
+from rdurack.security.tls import ENV_CERT, ENV_KEY
 from rdurack.workloads.predictor import Predictor
 from rdurack.workloads.serving.stream.replay import StreamSetting
 from rdurack.workloads.serving.stream.scheduler import DEFAULT_CHUNK_TOKENS, Policy
@@ -23,6 +29,23 @@ from rdurack.workloads.serving.stream.scheduler import DEFAULT_CHUNK_TOKENS, Pol
 ModelsOpt = Annotated[
     list[str] | None,
     typer.Option("--model", help="a model preset to serve (repeat for several)"),
+]
+TokensOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--tokens",
+        envvar="RDURACK_TOKENS",
+        help="the rack's tokens file: every request needs a bearer token; a tenant may use "
+        "the models on no more sockets than its socket quota",
+    ),
+]
+CertOpt = Annotated[
+    Path | None,
+    typer.Option("--tls-cert", envvar=ENV_CERT, help="HTTPS: this server's certificate (PEM)"),
+]
+KeyOpt = Annotated[
+    Path | None,
+    typer.Option("--tls-key", envvar=ENV_KEY, help="HTTPS: the certificate's private key (PEM)"),
 ]
 
 
@@ -48,6 +71,9 @@ def serve_cmd(
     spec: SpecOpt = None,
     host: Annotated[str, typer.Option(help="address to listen on")] = "127.0.0.1",
     port: Annotated[int, typer.Option(min=0, max=65535, help="port to listen on")] = 8000,
+    tokens: TokensOpt = None,
+    tls_cert: CertOpt = None,
+    tls_key: KeyOpt = None,
     rack: Annotated[
         bool,
         typer.Option(
@@ -60,11 +86,14 @@ def serve_cmd(
     to: Target,
 ) -> None:
     """Serve the OpenAI API (/v1/models, /v1/completions, /v1/chat/completions, streamed
-    or not) and /metrics, each model batched on its own sockets under --policy, each
-    iteration priced by the timing model (on the rack's sockets with --rack) and its
+    or not), /metrics and /health, each model batched on its own sockets under --policy,
+    each iteration priced by the timing model (on the rack's sockets with --rack) and its
     tokens paced at --time-scale."""
-    from rdurack.endpoint.server import engines, serve  # its web stack, only when serving
+    from rdurack.endpoint.auth import Gate  # its web stack, only when serving
+    from rdurack.endpoint.server import engines, https, serve
 
+    tls = https(tls_cert, tls_key)  # a bad file or flag refused before anything is built
+    auth = Authenticator.from_file(tokens)
     names = model or ["llama3.1-8b"]
     known = builtin_models()
     for name in names:
@@ -92,14 +121,17 @@ def serve_cmd(
         chunk_tokens or DEFAULT_CHUNK_TOKENS,
     )
     served = engines(p, names, setting, known, time_scale, max_waiting, channel)
+    gate = Gate(auth, {name: per_model for name in names})
+    scheme = "https" if tls else "http"
     where = f" of the rack at {to.address}" if rack else ""
-    Console(stderr=True).print(
+    say = Console(stderr=True, soft_wrap=True, highlight=False).print  # a line stays a line
+    say(
         f"serving {', '.join(names)} on {per_model} {p.platform.name} sockets each{where} "
-        f"at http://{host}:{port}/v1 (time scale {time_scale:g}); Ctrl-C stops",
-        highlight=False,
+        f"at {scheme}://{host}:{port}/v1 (time scale {time_scale:g}); Ctrl-C stops"
     )
+    say(f"security: {'HTTPS' if tls else 'plain HTTP'}, {gate.notice()}")
     try:
-        serve(served, host, port)
+        serve(served, host, port, gate, tls)
     finally:
         if channel is not None:
             channel.close()

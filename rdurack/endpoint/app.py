@@ -1,12 +1,14 @@
 """The HTTP endpoint: OpenAI's `/v1/models`, `/v1/completions` and `/v1/chat/completions`
-(streamed as server-sent events, or not), and `/metrics` for Prometheus, on FastAPI.
+(streamed as server-sent events, or not), `/metrics` for Prometheus and `/health` for
+probes, on FastAPI.
 
 Every request goes to its model's engine (endpoint/engine.py); its tokens come back as
 the engine's iterations produce them, and `usage` reports the emulated timings. Errors
 are OpenAI's error body with the status an OpenAI client expects: 400 for a bad field
 (named) or a prompt that can never fit, 404 for an unknown model, 429 with Retry-After
 when the model's queue is at its bound, 503 with Retry-After when the rack's sockets
-could not run an iteration (a stream already under way ends with an error event). A
+could not run an iteration (a stream already under way ends with an error event); with
+the rack's tokens on, 401 and 403 (who may call, and which models: endpoint/auth.py). A
 client that goes away, or a stop sequence met, takes its request out of the batch at
 once.
 """
@@ -21,12 +23,13 @@ from contextlib import asynccontextmanager
 from math import ceil
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from rdurack.endpoint.auth import Gate
 from rdurack.endpoint.engine import Engine, Handle, QueueFull, Token, Unavailable
 from rdurack.endpoint.metrics import EndpointMetrics
 from rdurack.endpoint.protocol import (
@@ -43,8 +46,12 @@ from rdurack.workloads.serving.stream.scheduler import Refused
 OWNER = "rdurack"
 
 
-def create_app(engines: dict[str, Engine], metrics: EndpointMetrics | None = None) -> FastAPI:
-    """An app serving `engines` by model name; it starts and stops them with itself."""
+def create_app(
+    engines: dict[str, Engine], metrics: EndpointMetrics | None = None, gate: Gate | None = None
+) -> FastAPI:
+    """An app serving `engines` by model name; it starts and stops them with itself.
+    `gate`: who may call and which models (default: everyone, every model)."""
+    access = gate or Gate.open()
     watched = metrics or EndpointMetrics()
     for engine in engines.values():
         watched.watch(engine)
@@ -57,8 +64,9 @@ def create_app(engines: dict[str, Engine], metrics: EndpointMetrics | None = Non
         for engine in engines.values():
             await engine.stop()
 
-    app = FastAPI(title="rdurack", lifespan=lifespan)
+    app = FastAPI(title="rdurack", lifespan=lifespan, dependencies=[Depends(access.model_allowed)])
     app.add_middleware(Received)
+    access.install(app)  # outside Received: an unknown caller is refused before anything
     _errors(app)
     created = int(time.time())
 
@@ -68,8 +76,9 @@ def create_app(engines: dict[str, Engine], metrics: EndpointMetrics | None = Non
         return engines[name]
 
     @app.get("/v1/models")
-    async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [_model(m, created) for m in engines]}
+    async def models(request: Request) -> dict[str, Any]:
+        mine = [_model(m, created) for m in engines if access.may_use(request, m)]
+        return {"object": "list", "data": mine}
 
     @app.get("/v1/models/{name}")
     async def one_model(name: str) -> dict[str, Any]:
@@ -94,6 +103,11 @@ def create_app(engines: dict[str, Engine], metrics: EndpointMetrics | None = Non
     @app.get("/metrics")
     async def scrape() -> Response:
         return Response(generate_latest(watched.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/health")
+    async def health() -> Response:
+        # For probes (vLLM's route): open, and as cheap as an answer gets.
+        return Response(status_code=200)
 
     return app
 

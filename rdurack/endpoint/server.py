@@ -4,21 +4,27 @@ Each model served gets an engine whose iterations are priced by the timing model
 (workloads/serving/stream/pricing.py), on its own group of sockets of the platform, and
 paced at `time_scale`: in this process (`priced`), or on a running rack's sockets, held
 by an endpoint job per model (endpoint/rack.py), which `serve` holds before it answers
-and releases when it stops.
+and releases when it stops. The server speaks HTTPS given a certificate and its key
+(the rack's `--tls-cert/--tls-key` files), and checks the rack's tokens given a Gate.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from pathlib import Path
 
 import grpc
 import uvicorn
 
 from rdurack.endpoint.app import create_app
+from rdurack.endpoint.auth import Gate
 from rdurack.endpoint.engine import Engine, Executor
 from rdurack.endpoint.rack import RackModel
+from rdurack.errors import InvalidRequest
 from rdurack.rack.models import ModelSpec
+from rdurack.security.tls import PAIR, read_key_pair
 from rdurack.workloads.predictor import Predictor
 from rdurack.workloads.serving.stream.pricing import Pricer
 from rdurack.workloads.serving.stream.replay import StreamSetting, prepare
@@ -64,14 +70,60 @@ def on_rack(served: dict[str, Engine]) -> list[RackModel]:
     return [e.executor for e in served.values() if isinstance(e.executor, RackModel)]
 
 
-def serve(served: dict[str, Engine], host: str, port: int) -> None:
+@dataclass(frozen=True)
+class Https:
+    """This server's certificate and its key (PEM files), already checked to belong
+    together."""
+
+    cert_file: Path
+    key_file: Path
+
+
+def https(cert: Path | None, key: Path | None) -> Https | None:
+    """HTTPS with `cert` and `key`, checked first so that a bad file is one line
+    (InvalidRequest) rather than uvicorn's traceback; None (plain HTTP) without either."""
+    if cert is None and key is None:
+        return None
+    if cert is None or key is None:
+        raise InvalidRequest(f"TLS: {PAIR}")
+    read_key_pair(cert, key)
+    return Https(cert, key)
+
+
+def serve(
+    served: dict[str, Engine],
+    host: str,
+    port: int,
+    gate: Gate | None = None,
+    tls: Https | None = None,
+) -> None:
     """Hold the models' sockets on the rack (if they run on one), then serve until
-    interrupted (uvicorn handles SIGINT and SIGTERM); the sockets are released after."""
+    interrupted (uvicorn handles SIGINT and SIGTERM), HTTPS given `tls`; the sockets are
+    released after. Prints `endpoint ready at HOST:PORT` once it listens (the port it
+    got, given 0), as the rack's other processes do."""
+    config = uvicorn.Config(
+        create_app(served, gate=gate),
+        host=host,
+        port=port,
+        log_level="warning",
+        ssl_certfile=None if tls is None else tls.cert_file,
+        ssl_keyfile=None if tls is None else tls.key_file,
+    )
     held = on_rack(served)
     try:
         for model in held:
             model.hold()
-        uvicorn.run(create_app(served), host=host, port=port, log_level="warning")
+        asyncio.run(_listen(uvicorn.Server(config)))
     finally:
         for model in held:
             model.release()
+
+
+async def _listen(server: uvicorn.Server) -> None:
+    serving = asyncio.create_task(server.serve())
+    while not server.started and not serving.done():
+        await asyncio.sleep(0.01)  # uvicorn offers no hook for "listening"
+    if server.started:
+        address = server.servers[0].sockets[0].getsockname()
+        print(f"endpoint ready at {address[0]}:{address[1]}", flush=True)
+    await serving

@@ -62,14 +62,8 @@ class TlsConfig(Config):
 
     # ------------------------------------------------------------------ files
 
-    def _read(self, path: Path, what: str) -> bytes:
-        try:
-            return path.read_bytes()
-        except OSError as e:
-            raise InvalidRequest(f"TLS {what} {path}: {e.strerror or e}") from None
-
     def ca_pem(self) -> bytes:
-        pem = self._read(self.ca_file, "CA file")
+        pem = _read(self.ca_file, "CA file")
         try:
             x509.load_pem_x509_certificates(pem)
         except ValueError:
@@ -80,25 +74,7 @@ class TlsConfig(Config):
         """(private key PEM, certificate chain PEM), checked to belong together."""
         if self.cert_file is None or self.key_file is None:
             raise InvalidRequest("TLS: this end needs its own certificate: --tls-cert, --tls-key")
-        cert_pem = self._read(self.cert_file, "certificate")
-        key_pem = self._read(self.key_file, "key")
-        try:
-            cert = x509.load_pem_x509_certificates(cert_pem)[0]
-        except ValueError:
-            raise InvalidRequest(
-                f"TLS certificate {self.cert_file}: not a PEM certificate"
-            ) from None
-        try:
-            key = load_pem_private_key(key_pem, password=None)
-        except (ValueError, TypeError):
-            raise InvalidRequest(
-                f"TLS key {self.key_file}: not an unencrypted PEM private key"
-            ) from None
-        if key.public_key() != cert.public_key():
-            raise InvalidRequest(
-                f"TLS: key {self.key_file} does not belong to certificate {self.cert_file}"
-            )
-        return key_pem, cert_pem
+        return read_key_pair(self.cert_file, self.key_file)
 
     # ------------------------------------------------------------------ credentials
 
@@ -126,6 +102,33 @@ class TlsConfig(Config):
 
     def rack_peers(self) -> RackPeers:
         return RackPeers(self.rack_identity)
+
+
+def _read(path: Path, what: str) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as e:
+        raise InvalidRequest(f"TLS {what} {path}: {e.strerror or e}") from None
+
+
+def read_key_pair(cert_file: Path, key_file: Path) -> tuple[bytes, bytes]:
+    """(private key PEM, certificate chain PEM) of a server's own certificate, checked to
+    belong together; InvalidRequest (one line naming the file) for a file that cannot be
+    read, is not PEM, or a key of another certificate. Any server that takes
+    `--tls-cert/--tls-key` checks them with this before it starts."""
+    cert_pem = _read(cert_file, "certificate")
+    key_pem = _read(key_file, "key")
+    try:
+        cert = x509.load_pem_x509_certificates(cert_pem)[0]
+    except ValueError:
+        raise InvalidRequest(f"TLS certificate {cert_file}: not a PEM certificate") from None
+    try:
+        key = load_pem_private_key(key_pem, password=None)
+    except (ValueError, TypeError):
+        raise InvalidRequest(f"TLS key {key_file}: not an unencrypted PEM private key") from None
+    if key.public_key() != cert.public_key():
+        raise InvalidRequest(f"TLS: key {key_file} does not belong to certificate {cert_file}")
+    return key_pem, cert_pem
 
 
 def tls_from(

@@ -10,22 +10,20 @@ import kubernetes_validate
 import pytest
 
 from rdurack.rack.whatif import load_platform
-from tests.support.manifests import OVERLAYS, Obj, env_of, find, is_rdurack, workloads
+from tests.support import manifests
+from tests.support.manifests import OVERLAYS, Obj, component, env_of, find, is_rdurack, workloads
 
 # The oldest minor the manifests need (gRPC probes GA 1.27, pod-index label 1.28) that
 # kubernetes-validate ships a strict schema for, and the newest it ships.
 SCHEMA_VERSIONS = ("1.32.0", "1.37.0")
 OTEL = "http://jaeger:4317"
 NEEDS_GRPC_PROBES = {"orchestrator", "node-agent"}  # they serve grpc.health.v1
+ENDPOINT_PORT = 8000  # `rdu serve`'s: HTTPS, the OpenAI API (test_endpoint.py)
 ROOT = Path(__file__).resolve().parents[2]
 # Secrets the pods mount, created out of band (Makefile k8s-secrets), and their keys:
 # the file names `rdu certs` writes and the tokens file.
 SECRETS = {"rdurack-tls": {"ca.crt", "tls.crt", "tls.key"}, "rdurack-tokens": {"tokens.yaml"}}
 TLS_ENV = {"RDURACK_TLS_CA": "ca.crt", "RDURACK_TLS_CERT": "tls.crt", "RDURACK_TLS_KEY": "tls.key"}
-
-
-def component(obj: Obj) -> str:
-    return str(obj["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"])
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -45,6 +43,9 @@ def test_overlay_renders_every_piece(rendered: dict[str, list[Obj]], overlay: st
         ("NetworkPolicy", "rdurack-ray-head"),
         ("PodDisruptionBudget", "rdurack-node-agent"),
         ("PodDisruptionBudget", "rdurack-orchestrator"),
+        ("Deployment", "rdurack-endpoint"),
+        ("Service", "rdurack-endpoint"),
+        ("NetworkPolicy", "rdurack-endpoint"),
         ("Deployment", "jaeger"),
         ("Service", "jaeger"),
         ("NetworkPolicy", "jaeger"),
@@ -157,7 +158,7 @@ def test_every_pod_is_hardened_and_bounded(rendered: dict[str, list[Obj]], overl
                     else "RDURACK_ORCHESTRATOR_PORT"
                 )
                 assert int(port[key]["value"]) == named["grpc"], where
-            else:
+            elif component(w) != "endpoint":  # its HTTPS probes: test_endpoint.py
                 assert c["livenessProbe"]["tcpSocket"]["port"] == "gcs", where
 
 
@@ -189,7 +190,7 @@ def test_rack_shape_agrees_everywhere(
     for w in workloads(docs):
         for c in w["spec"]["template"]["spec"]["containers"]:
             if is_rdurack(c) and component(w) != "ray-head":
-                path = Path(env_of(c)["RDURACK_SPEC"]["value"])
+                path = Path(manifests.spec_path(c))
                 mount = next(m for m in c["volumeMounts"] if m["mountPath"] == str(path.parent))
                 volume = next(
                     v
@@ -225,7 +226,7 @@ def test_tracing_reaches_every_rdurack_container(
     docs = rendered[overlay]
     ours = [c for w in workloads(docs) for c in w["spec"]["template"]["spec"]["containers"]]
     ours = [c for c in ours if is_rdurack(c)]
-    assert len(ours) == 3
+    assert len(ours) == 4
     for c in ours:
         assert env_of(c)["OTEL_EXPORTER_OTLP_ENDPOINT"]["value"] == OTEL, c["name"]
     jaeger = find(docs, "Service", "jaeger")
@@ -235,19 +236,28 @@ def test_tracing_reaches_every_rdurack_container(
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
-def test_network_policy_exposes_only_the_orchestrator(
+def test_network_policy_exposes_the_orchestrator_and_the_endpoint_only(
     rendered: dict[str, list[Obj]], overlay: str
 ) -> None:
-    policies = {
-        d["metadata"]["name"]: d["spec"] for d in rendered[overlay] if d["kind"] == "NetworkPolicy"
-    }
+    docs = rendered[overlay]
+    policies = {d["metadata"]["name"]: d["spec"] for d in docs if d["kind"] == "NetworkPolicy"}
+    # A pod no policy selects admits everything: every pod here is selected by one.
+    for w in workloads(docs):
+        labels = w["spec"]["template"]["metadata"]["labels"]
+        selected = [p for p in policies.values() if p["podSelector"]["matchLabels"].items()
+                    <= labels.items()]  # fmt: skip
+        assert selected, f"{overlay}: no NetworkPolicy selects {w['metadata']['name']}"
     open_rules = {
         name: [r for r in spec["ingress"] if "from" not in r] for name, spec in policies.items()
     }
-    # Rules without `from` admit any client: only the orchestrator's port (and Jaeger's UI).
-    assert open_rules["rdurack-orchestrator"] == [{"ports": [{"protocol": "TCP", "port": 50051}]}]
-    assert open_rules["rdurack-node-agent"] == [] and open_rules["rdurack-ray-head"] == []
-    assert open_rules["jaeger"] == [{"ports": [{"protocol": "TCP", "port": 16686}]}]
+    # Rules without `from` admit any client: the orchestrator's API port, the endpoint's
+    # port (and Jaeger's UI), nothing else.
+    assert {name: rules for name, rules in open_rules.items() if rules} == {
+        "rdurack-orchestrator": [{"ports": [{"protocol": "TCP", "port": 50051}]}],
+        "rdurack-endpoint": [{"ports": [{"protocol": "TCP", "port": ENDPOINT_PORT}]}],
+        "jaeger": [{"ports": [{"protocol": "TCP", "port": 16686}]}],
+    }
+    assert all("from" not in r for r in policies["rdurack-endpoint"]["ingress"])
     agent_rules = policies["rdurack-node-agent"]["ingress"]
     sources = [
         {p["podSelector"]["matchLabels"]["app.kubernetes.io/component"] for p in r["from"]}
@@ -261,8 +271,9 @@ def test_network_policy_exposes_only_the_orchestrator(
 def test_tls_and_tokens_come_from_the_secrets(rendered: dict[str, list[Obj]], overlay: str) -> None:
     """Every rdurack process but the Ray head reads its certificate files from the
     mounted Secret rdurack-tls, by the key names `rdu certs` writes; the orchestrator
-    reads its tokens file from rdurack-tokens. No Secret is in the manifests (none is
-    committed): each is mounted required, so a pod without it does not start open."""
+    and the endpoint read the tokens file from rdurack-tokens. No Secret is in the
+    manifests (none is committed): each is mounted required, so a pod without it does
+    not start open."""
     docs = rendered[overlay]
     assert not [d for d in docs if d["kind"] == "Secret"]
     checked = set()
@@ -276,7 +287,9 @@ def test_tls_and_tokens_come_from_the_secrets(rendered: dict[str, list[Obj]], ov
                 continue
             env = env_of(c)
             wanted = dict(TLS_ENV)
-            if component(w) == "orchestrator":
+            if component(w) == "endpoint":  # an HTTPS server that dials no rack member
+                del wanted["RDURACK_TLS_CA"]
+            if component(w) in ("orchestrator", "endpoint"):
                 wanted["RDURACK_TOKENS"] = "tokens.yaml"
             for var, key in wanted.items():
                 path = Path(env[var]["value"])
@@ -291,6 +304,8 @@ def test_tls_and_tokens_come_from_the_secrets(rendered: dict[str, list[Obj]], ov
         ("orchestrator", "rdurack-tls"),
         ("orchestrator", "rdurack-tokens"),
         ("node-agent", "rdurack-tls"),
+        ("endpoint", "rdurack-tls"),
+        ("endpoint", "rdurack-tokens"),
     }
     makefile = (ROOT / "Makefile").read_text()
     for name in SECRETS:  # the documented way to create them names them alike

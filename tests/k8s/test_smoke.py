@@ -32,13 +32,10 @@ signal handling and shutdown order are exercised as written.
 from __future__ import annotations
 
 import contextlib
-import os
-import re
 import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -52,88 +49,13 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from rdurack.security import certs
 from rdurack.security.auth import digest
 from rdurack.security.tls import DEFAULT_RACK_IDENTITY
-from tests.support.manifests import Obj, env_of, find, is_rdurack, render
-from tests.support.ports import free_port
+from tests.support.manifests import Obj, find, is_rdurack, render
+from tests.support.pods import SPEC_DIR, STATE_DIR, TLS_DIR, TOKENS_DIR, Localizer
 
 pytestmark = pytest.mark.integration
 
 DEADLINE_S = 150.0
-SPEC_DIR = "/etc/rdurack"
-TLS_DIR = "/etc/rdurack-tls"
-TOKENS_DIR = "/etc/rdurack-tokens"
-STATE_DIR = "/var/lib/rdurack/state"
-CHECKPOINTS = "/var/lib/rdurack/checkpoints"
 TOKEN = "smoke-test-admin-token"
-
-
-# `ray start` on a worker node (no --head) waits for SIGTERM; anything else is real Ray.
-RAY_SHIM = """#!/bin/bash
-if [ "$1" = start ] && [[ " $* " != *" --head "* ]]; then
-  echo "ray shim: standing in for: ray $*"
-  sleep infinity & trap 'kill $!; exit 0' TERM INT; wait $!
-  exit 0
-fi
-exec {ray} "$@"
-"""
-
-
-class Localizer:
-    """Rewrites a pod's addresses, ports and paths for a process on this machine."""
-
-    def __init__(self, tmp: Path, ray_tmp: Path) -> None:
-        self.ray_tmp = ray_tmp
-        self.ports = {p: free_port() for p in (6379, 50061, 50062, 50051, 50052)}
-        self.paths = {
-            # Longest first: /etc/rdurack is a prefix of the Secrets' mount paths.
-            TLS_DIR: tmp / "etc-rdurack-tls",
-            TOKENS_DIR: tmp / "etc-rdurack-tokens",
-            SPEC_DIR: tmp / "etc-rdurack",
-            STATE_DIR: tmp / "state",
-            CHECKPOINTS: tmp / "checkpoints",
-        }
-        self.shims = tmp / "bin"
-        self.shims.mkdir()
-        ray = self.shims / "ray"
-        ray.write_text(RAY_SHIM.format(ray=Path(sys.executable).parent / "ray"))
-        ray.chmod(0o755)
-
-    def text(self, value: str) -> str:
-        ray, agent = self.ports[6379], self.ports[50061]
-        value = value.replace("rdurack-ray-head:6379", f"127.0.0.1:{ray}")
-        value = re.sub(
-            r"rdurack-node-agent-0\.rdurack-node-agent:50061", f"127.0.0.1:{agent}", value
-        )
-        value = value.replace("--port=6379", f"--port={ray}")
-        for pod_path, local in self.paths.items():
-            value = value.replace(pod_path, str(local))
-        return {str(p): str(local) for p, local in self.ports.items()}.get(value, value)
-
-    def env(self, container: Obj) -> dict[str, str]:
-        path = os.pathsep.join([str(self.shims), str(Path(sys.executable).parent)])
-        env = {**os.environ, "PATH": f"{path}{os.pathsep}{os.environ.get('PATH', '')}"}
-        env.pop("OTEL_EXPORTER_OTLP_ENDPOINT", None)
-        for name, item in env_of(container).items():
-            if name == "OTEL_EXPORTER_OTLP_ENDPOINT":
-                continue  # no collector here
-            if "value" in item:
-                env[name] = self.text(str(item["value"]))
-                continue
-            field = item["valueFrom"]["fieldRef"]["fieldPath"]
-            downward = {
-                "status.podIP": "127.0.0.1",
-                "metadata.labels['apps.kubernetes.io/pod-index']": "0",
-            }
-            assert field in downward, f"{container['name']}: no local stand-in for {field}"
-            env[name] = downward[field]
-        env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # loopback on this machine
-        env["RAY_TMPDIR"] = str(self.ray_tmp)
-        return env
-
-    def command(self, container: Obj, env: dict[str, str]) -> list[str]:
-        """The container's command and args, with Kubernetes' $(VAR) expansion."""
-        argv = [*container.get("command", []), *container.get("args", [])]
-        expand = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
-        return [self.text(expand.sub(lambda m: env.get(m[1], m[0]), a)) for a in argv]
 
 
 def wait_tcp(port: int, proc: subprocess.Popen[bytes], log: Path, deadline: float) -> None:

@@ -1,5 +1,5 @@
 """An OpenAI-compatible endpoint of the test's own: uvicorn in a thread on a free port,
-engines priced by the timing model."""
+engines priced by the timing model; HTTPS and the rack's tokens when a test asks."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import uvicorn
 
 from rdurack.endpoint.app import create_app
 from rdurack.endpoint.engine import Engine
-from rdurack.endpoint.server import engines
+from rdurack.endpoint.server import Https, engines
 from rdurack.rack.models import builtin_models
 from rdurack.rack.presets import platform
 from rdurack.workloads.predictor import Predictor
@@ -33,10 +33,20 @@ class Endpoint:
 
 
 @contextmanager
-def in_thread(app: Any, port: int, start_timeout_s: float = 30.0) -> Iterator[str]:
+def in_thread(
+    app: Any, port: int, start_timeout_s: float = 30.0, tls: Https | None = None
+) -> Iterator[str]:
     """Serve an ASGI app on 127.0.0.1:port from a thread of this process until the
-    block ends; yields its URL."""
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    block ends; yields its URL (https given `tls`, as `rdu serve` passes it)."""
+    config = uvicorn.Config(
+        app,
+        host="127.0.0.1",
+        port=port,
+        log_level="warning",
+        ssl_certfile=None if tls is None else tls.cert_file,
+        ssl_keyfile=None if tls is None else tls.key_file,
+    )
+    server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + start_timeout_s
@@ -45,7 +55,7 @@ def in_thread(app: Any, port: int, start_timeout_s: float = 30.0) -> Iterator[st
             raise RuntimeError(f"the endpoint did not start on port {port}")
         time.sleep(0.01)
     try:
-        yield f"http://127.0.0.1:{port}"
+        yield f"{'https' if tls else 'http'}://127.0.0.1:{port}"
     finally:
         server.should_exit = True
         thread.join(timeout=30)

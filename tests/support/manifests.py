@@ -49,3 +49,18 @@ def is_rdurack(container: Obj) -> bool:
 
 def env_of(container: Obj) -> dict[str, Obj]:
     return {e["name"]: e for e in container.get("env", [])}
+
+
+def component(workload: Obj) -> str:
+    """A Deployment's or StatefulSet's pods' `app.kubernetes.io/component`."""
+    return str(workload["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"])
+
+
+def spec_path(container: Obj) -> str:
+    """The rack spec a container reads: RDURACK_SPEC (the rack's processes) or `--spec`
+    (`rdu serve`, whose options are a command's)."""
+    env = env_of(container)
+    if "RDURACK_SPEC" in env:
+        return str(env["RDURACK_SPEC"]["value"])
+    args = list(container.get("args", []))
+    return str(args[args.index("--spec") + 1])
