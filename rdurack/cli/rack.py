@@ -40,8 +40,21 @@ def up_cmd(
     time_scale: Annotated[
         float, typer.Option(min=0, help="pacing: wall s per emulated s (0: no pacing)")
     ] = 0.0,
+    serve: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--serve",
+            help="also serve this model on an OpenAI-compatible endpoint (rdu serve --rack); "
+            "repeat for several",
+        ),
+    ] = None,
+    serve_port: Annotated[
+        int, typer.Option(min=0, max=65535, help="the endpoint's port (0: any free one)")
+    ] = 8000,
+    serve_sockets: Annotated[int, typer.Option(min=1, help="sockets each --serve model holds")] = 8,
 ) -> None:
-    """Start local Ray, the node agents and the orchestrator; return once all serve."""
+    """Start local Ray, the node agents and the orchestrator (and with --serve the
+    OpenAI-compatible endpoint on them); return once all serve."""
     from rdurack.processes import local_rack
 
     rack = local_rack.up(
@@ -54,6 +67,9 @@ def up_cmd(
         tls=tls,
         tokens=tokens,
         time_scale=time_scale,
+        serve=serve or (),
+        serve_port=serve_port,
+        serve_sockets=serve_sockets,
     )
     print(
         f"rack up: {nodes} x {sockets_per_node} sockets; orchestrator at {rack.orchestrator}; "

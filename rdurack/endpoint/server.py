@@ -11,6 +11,7 @@ and releases when it stops. The server speaks HTTPS given a certificate and its 
 from __future__ import annotations
 
 import asyncio
+import signal
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -110,6 +111,10 @@ def serve(
         ssl_keyfile=None if tls is None else tls.key_file,
     )
     held = on_rack(served)
+    # uvicorn stops on SIGTERM, then raises it again with the handler it found: this one
+    # ends the process through `finally`, which releases the sockets (the default would
+    # end it at once, leaving the endpoint jobs holding them).
+    signal.signal(signal.SIGTERM, _exit)
     try:
         for model in held:
             model.hold()
@@ -117,6 +122,10 @@ def serve(
     finally:
         for model in held:
             model.release()
+
+
+def _exit(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 async def _listen(server: uvicorn.Server) -> None:

@@ -19,6 +19,12 @@ agents and links are mutual TLS among rack members. `tokens` (a tokens file) mak
 orchestrator require bearer tokens; an admin tenant's token then is what AdminService
 (fault injection, `rdu fault`) asks for. Open, anyone on this machine may inject faults.
 
+`serve` (model names) also starts the OpenAI-compatible endpoint, `rdu serve --rack`, on
+`serve_port`: an endpoint job per model holds `serve_sockets` sockets, and its tokens
+are paced at `time_scale` (real time when the sockets do not pace). With tokens on, the
+endpoint would need a token of its own to submit its jobs: `up` refuses the two
+together (start `rdu serve --rack --token ...` yourself).
+
 `restart_agent` is the local rack's supervisor: it starts a node agent that died (a
 KILL_AGENT fault) again, with the same arguments and port, so the orchestrator finds it
 at the address it knows.
@@ -29,7 +35,7 @@ from __future__ import annotations
 import os
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from rdurack import RAY_ENVIRONMENT
@@ -96,6 +102,9 @@ def up(
     tls: bool = False,
     tokens: Path | None = None,
     time_scale: float = 0.0,
+    serve: Sequence[str] = (),
+    serve_port: int = 8000,
+    serve_sockets: int = 8,
 ) -> rack_record.RackProcesses:
     """Start the Ray head, `nodes` node agents and the orchestrator; return when all
     serve. On failure, stop what was started and raise an RdurackError naming the
@@ -110,6 +119,11 @@ def up(
         load_tokens(tokens)  # a bad file is refused before anything starts
     if not time_scale >= 0:
         raise RdurackError(f"--time-scale {time_scale}: must be >= 0")
+    if serve and tokens is not None:
+        raise RdurackError(
+            "--serve with --tokens: the endpoint needs a token of its own to submit its jobs; "
+            "start it yourself with rdu serve --rack --token TOKEN"
+        )
     state_dir.mkdir(parents=True, exist_ok=True)
     if live := rack_record.live_pids(state_dir):
         names = ", ".join(f"{n} (pid {p})" for n, p in live.items())
@@ -179,6 +193,16 @@ def up(
                 {"orchestrator": (procs["orchestrator"], "orchestrator")}, logs, deadline
             )
         )
+        if serve:
+            args = ["serve", "--rack", "--address", rack.addresses["orchestrator"]]
+            args += [a for m in serve for a in ("--model", m)]
+            args += ["--sockets", str(serve_sockets), "--host", host, "--port", str(serve_port)]
+            args += ["--time-scale", f"{time_scale or 1.0:g}", *spec]
+            if tls:  # trusts the rack's CA, and serves HTTPS with the member certificate
+                args += security
+            started("endpoint", _spawn("endpoint", "rdurack.cli.main", args, logs), args)
+            endpoint = {"endpoint": (procs["endpoint"], "endpoint")}
+            ready(children.await_ready(endpoint, logs, deadline))
     except BaseException:  # an error, or Ctrl-C: stop what was started, then re-raise
         down(state_dir)
         raise
