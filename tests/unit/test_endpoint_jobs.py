@@ -37,6 +37,11 @@ def test_an_endpoint_job_runs_passes_on_its_sockets_until_cancelled(tmp_path: Pa
         assert all(gw.clock[s] == start + 5_000 + 2 * STEP_NS for s in sockets)
         assert all(gw.held.get(s) == job.id for s in sockets)  # held between passes too
 
+        with pytest.raises(InvalidRequest, match="offset_ns: "):
+            o.run_passes(job.id, 1 << 62, [DECODE], 0)
+        with pytest.raises(InvalidRequest, match="passes: at least one"):
+            o.run_passes(job.id, 0, [], 0)
+
         o.cancel(job.id)
         assert wait_for(o, job.id) is JobState.CANCELLED
         with pytest.raises(LinkFailure, match="not running on its sockets now"):

@@ -24,6 +24,11 @@ from rdurack.telemetry import names
 from rdurack.workloads.predictor import Predictor
 from rdurack.workloads.serving.stream.pricing import Pass, kv_budget_tokens
 
+# Bounds on what a client sends with passes: an offset of a century of emulated time,
+# a KV cache of 2^40 tokens; beyond them the sockets' ns clocks and sizes overflow.
+MAX_OFFSET_NS = 100 * 365 * 24 * 3600 * 10**9
+MAX_KV_TOKENS = 1 << 40
+
 # How often a held job checks whether it was cancelled or its run stopped, wall s: the
 # delay before a cancelled endpoint's sockets are free.
 CHECK_S = 0.2
@@ -106,6 +111,12 @@ class EndpointKind:
         """`passes` one after the other on the job's sockets, the first from `offset_ns`
         after the job's start; each pass's duration on the slowest socket (ns), and the
         job's start (ns). LinkFailure (unavailable) while the job is not running."""
+        if not 0 <= offset_ns <= MAX_OFFSET_NS:
+            raise InvalidRequest(f"offset_ns: {offset_ns} is not within 0..{MAX_OFFSET_NS}")
+        if not 0 <= kv_tokens <= MAX_KV_TOKENS:
+            raise InvalidRequest(f"kv_tokens: {kv_tokens} is not within 0..{MAX_KV_TOKENS}")
+        if not passes:
+            raise InvalidRequest("passes: at least one")
         with self._lock:
             held = self._held.get(job_id)
         gone = LinkFailure(

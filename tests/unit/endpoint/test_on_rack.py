@@ -26,6 +26,7 @@ from rdurack.orchestrator.store import JobStore
 from rdurack.rack.models import builtin_models
 from rdurack.rack.spec import Tier
 from rdurack.rack.topology import SocketId
+from rdurack.v1 import common_pb2, job_pb2, job_pb2_grpc, serve_pb2
 from rdurack.workloads.predictor import Predictor
 from rdurack.workloads.serving.stream.arrivals import Arrival
 from rdurack.workloads.serving.stream.replay import StreamSetting, replay
@@ -124,4 +125,30 @@ def test_a_rack_that_cannot_run_a_pass_answers_503_until_it_can(rack: Rack) -> N
         rack.gateway.fail_node = None
         until(lambda: c.post("/v1/completions", json=body).status_code == 200, "served again", 30)
         assert (engine.running, engine.waiting, engine.scheduler.reserved_tokens) == (0, 0, 0)
+    model.release()
+
+
+def test_bad_passes_are_refused_by_name(rack: Rack) -> None:
+    jobs = job_pb2_grpc.JobServiceStub(rack.channel)
+    _, model = _on_rack(rack)
+    assert model.job_id is not None
+    good = serve_pb2.ServePass(
+        plan=common_pb2.FUSION_PLAN_KERNEL_LOOPED,
+        shapes=[serve_pb2.PassShape(batch=2, new_tokens=1, context=4)],
+        logits=2,
+    )
+    bad = serve_pb2.ServePass(
+        plan=common_pb2.FUSION_PLAN_KERNEL_LOOPED,
+        shapes=[serve_pb2.PassShape(batch=2, new_tokens=8, context=4)],
+        logits=2,
+    )
+    cases = [
+        (model.job_id, [bad], grpc.StatusCode.INVALID_ARGUMENT, "passes[0].shapes[0]: "),
+        (model.job_id, [], grpc.StatusCode.INVALID_ARGUMENT, "passes: at least one"),
+        ("0123456789ab", [good], grpc.StatusCode.NOT_FOUND, "0123456789ab"),
+    ]
+    for job_id, passes, code, message in cases:
+        with pytest.raises(grpc.RpcError) as e:
+            jobs.RunPasses(job_pb2.RunPassesRequest(job_id=job_id, passes=passes), timeout=30)
+        assert e.value.code() == code and message in (e.value.details() or "")
     model.release()
