@@ -12,6 +12,9 @@ from rdurack.errors import InvalidRequest, LinkFailure
 from rdurack.orchestrator.jobs import EndpointWorkload, JobSpec, JobState
 from rdurack.rack.kernels import FusionPlan, Shape
 from rdurack.rack.topology import SocketId
+from rdurack.v1 import job_pb2
+from rdurack.wire.jobs import spec_from_proto, spec_to_proto
+from rdurack.wire.passes import pass_to_proto, passes_from_proto
 from rdurack.workloads.serving.stream.pricing import Pass
 from tests.support.fake_rack import STEP_NS, FakeGateway, spec, stepped, until, wait_for
 
@@ -87,3 +90,12 @@ def test_an_endpoint_job_that_could_never_serve_is_refused(
         pytest.raises(InvalidRequest, match=message),
     ):
         o.submit(job)
+
+
+def test_an_endpoint_spec_and_its_passes_round_trip_through_the_wire() -> None:
+    spec = endpoint("llama3.1-70b", 8)
+    assert spec_from_proto(spec_to_proto(spec), "sn40l-rack16") == spec
+    chunk = Pass(FusionPlan.FUSED_HO, (Shape(1, 512, 1024, True), Shape(3, 1, 90)), 4, True)
+    assert passes_from_proto([pass_to_proto(p) for p in (DECODE, chunk)]) == [DECODE, chunk]
+    with pytest.raises(InvalidRequest, match=r"spec.endpoint.num_sockets: "):
+        spec_from_proto(job_pb2.JobSpec(endpoint=job_pb2.EndpointJob(model="x")), "sn40l-rack16")

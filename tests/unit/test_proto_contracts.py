@@ -47,6 +47,7 @@ SERVICES: dict[str, dict[str, dict[str, tuple[bool, bool]]]] = {
             "ListJobs": (False, False),
             "CancelJob": (False, False),
             "WatchJob": (False, True),
+            "RunPasses": (False, False),
         },
     },
     "rack": {
@@ -62,6 +63,7 @@ SERVICES: dict[str, dict[str, dict[str, tuple[bool, bool]]]] = {
             "ReserveSockets": (False, False),
             "ReleaseSockets": (False, False),
             "RunKernel": (False, False),
+            "RunPasses": (False, False),
             "Collective": (False, False),
             "RunProgram": (False, False),
             "RunTraining": (False, False),
