@@ -65,7 +65,7 @@ run: $(PROTO_STAMP) ## the main demo on the embedded default rack (rdu demo)
 bench: $(PROTO_STAMP) ## benchmarks: prints a table, writes build/bench.json
 	$(BIN)/python -m rdurack.devtools.bench --out build/bench.json
 
-docs: $(PROTO_STAMP) ## regenerate the docs' generated tables (docs/figures.md) from the code
+docs: $(PROTO_STAMP) ## regenerate the docs' generated tables and figures from the code
 	$(BIN)/python -m rdurack.devtools.docs
 
 chaos: $(PROTO_STAMP) ## random faults under a mixed workload, bounded (CHAOS_S, CHAOS_SEED)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
@@ -70,6 +71,13 @@ SloTtftOpt = Annotated[
 SloItlOpt = Annotated[
     float | None, typer.Option(min=0, help="SLO on time per output token, ms (goodput)")
 ]
+PlotOpt = Annotated[
+    Path | None,
+    typer.Option(
+        help="also draw the study (several --rate): TTFT p50 and p99 and ITL p99 against "
+        "the rate, a PNG"
+    ),
+]
 
 
 @dataclass(frozen=True)
@@ -86,6 +94,7 @@ class StreamOptions:
     chunk_tokens: int
     slo_ttft_s: float | None
     slo_itl_s: float | None
+    plot: Path | None = None  # the study's PNG
 
     def streams(self, prompt_tokens: int, output_tokens: int) -> list[list[Arrival]]:
         """The requests: the trace's, or a Poisson stream of these lengths per rate."""
@@ -108,6 +117,7 @@ def stream_options(
     chunk_tokens: ChunkTokensOpt = None,
     slo_ttft_ms: SloTtftOpt = None,
     slo_itl_ms: SloItlOpt = None,
+    plot: PlotOpt = None,
 ) -> StreamOptions | None:
     """The stream options; None without --arrivals or --trace (where a stream option
     given anyway is refused: it would be ignored)."""
@@ -116,20 +126,23 @@ def stream_options(
     if trace is not None and rate is not None:
         raise InvalidRequest("--rate is --arrivals': a trace's requests arrive when it says")
     if arrivals is None and trace is None:
-        given = (rate, policy, max_batch, chunk_tokens, slo_ttft_ms, slo_itl_ms)
+        given = (rate, policy, max_batch, chunk_tokens, slo_ttft_ms, slo_itl_ms, plot)
         if any(g is not None for g in given):
             raise InvalidRequest(
-                "--rate, --policy, --max-batch, --chunk-tokens and the SLOs are a stream's: "
-                "they need --arrivals or --trace"
+                "--rate, --policy, --max-batch, --chunk-tokens, the SLOs and --plot are a "
+                "stream's: they need --arrivals or --trace"
             )
         return None
     if chunk_tokens is not None and policy is not Policy.CHUNKED:
         raise InvalidRequest("--chunk-tokens is --policy chunked-prefill's")
     if arrivals is not None and rate is None:
         raise InvalidRequest("--arrivals poisson needs --rate (requests per second)")
+    rates = [] if rate is None else _rates(rate)
+    if plot is not None and len(rates) < 2:
+        raise InvalidRequest("--plot draws a study against the rate: give --rate two rates or more")
     return StreamOptions(
         arrivals,
-        [] if rate is None else _rates(rate),
+        rates,
         requests,
         seed,
         trace,
@@ -138,6 +151,7 @@ def stream_options(
         chunk_tokens or DEFAULT_CHUNK_TOKENS,
         None if slo_ttft_ms is None else slo_ttft_ms / 1e3,
         None if slo_itl_ms is None else slo_itl_ms / 1e3,
+        plot,
     )
 
 
@@ -190,12 +204,19 @@ def serve_stream(
             console.print(f"{label}served {done} of {total} requests", highlight=False)
 
         reports.append(replay(p, setting, arrivals, models, told))
+    if stream.plot is not None:  # matplotlib loads only for a plot (half a second)
+        from rdurack.traces.plotdata.serving import rate_curve
+        from rdurack.traces.plots.serving import plot_rates
+
+        drawn = plot_rates([rate_curve(stream.rates, reports)], stream.plot)
+        print(f"wrote {drawn}", file=sys.stderr)  # stdout keeps the study alone, unwrapped
     title = f"stream: {setting.model} on {p.platform.name}"
     if len(reports) == 1 and not markdown:
         emit(as_json, reports[0].model_dump(mode="json"), title)
         return
     if as_json:
-        print(json.dumps({"rows": [r.model_dump(mode="json") for r in reports]}))
+        rows = [r.model_dump(mode="json") for r in reports]
+        print(json.dumps({"rates": stream.rates, "rows": rows}))
         return
     columns = ["rate (req/s)"] + [c for c, _, _, _ in SWEEP]
     slo = setting.slo_ttft_s is not None or setting.slo_itl_s is not None

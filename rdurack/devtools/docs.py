@@ -6,18 +6,36 @@ A block is the output of one `rdu` command between two markers::
     ...
     <!-- end generated -->
 
+A figure is a PNG beside the page (its path relative to docs/) drawn from the page's
+blocks whose command starts with a prefix, each run again with `--json`; between its
+markers, the image's link::
+
+    <!-- figure: img/serving-rates.png from: rdu predict serve -->
+    ![...](img/serving-rates.png)
+    <!-- end figure -->
+
+Only `rdu predict serve` studies (several `--rate`) are drawn so far. The PNG carries
+the figures it shows (traces/plots/serving.py `read_curves`).
+
 `tests/unit/test_docs.py` fails when a block differs from what its command prints today,
-so a page never shows figures the code no longer computes.
+or a figure from the blocks it was drawn from, so a page never shows figures the code no
+longer computes.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
 from pathlib import Path
 
+from rdurack.traces.plotdata.serving import RateCurve, rate_curve, rates_title
+from rdurack.workloads.serving.stream.report import StreamReport
+
 BLOCK = re.compile(r"(<!-- generated: (.+?) -->\n)(.*?)(<!-- end generated -->)", re.S)
+FIGURE = re.compile(r"(<!-- figure: (\S+) from: (.+?) -->\n)(.*?)(<!-- end figure -->)", re.S)
+STUDIES = "rdu predict serve"  # the blocks a figure can draw so far
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 
@@ -25,6 +43,35 @@ DOCS = Path(__file__).resolve().parents[2] / "docs"
 def blocks(text: str) -> dict[str, str]:
     """Each block's command and the text it holds now."""
     return {m[2]: m[3] for m in BLOCK.finditer(text)}
+
+
+def figures(text: str) -> dict[str, str]:
+    """Each figure's path (relative to docs/) and the command prefix of its blocks."""
+    return {m[2]: m[3] for m in FIGURE.finditer(text)}
+
+
+def sources(text: str, prefix: str) -> list[str]:
+    """The commands of the blocks a figure draws, in the page's order."""
+    return [command for command in blocks(text) if command.startswith(prefix + " ")]
+
+
+def study(command: str) -> RateCurve:
+    """The curve of a block's study of rates: its command run with --json."""
+    args = [a for a in command.split() if a != "--markdown"]
+    data = json.loads(run(" ".join([*args, "--json"])))
+    reports = [StreamReport.model_validate(row) for row in data["rows"]]
+    return rate_curve(data["rates"], reports, source=command)
+
+
+def draw(text: str, name: str, prefix: str) -> str:
+    """Draw figure `name` from the page's blocks (`text`); its link, for the page."""
+    if prefix != STUDIES:
+        raise ValueError(f"a figure draws {STUDIES} studies, not {prefix!r}")
+    from rdurack.traces.plots.serving import plot_rates  # matplotlib: only to draw
+
+    curves = [study(command) for command in sources(text, prefix)]
+    plot_rates(curves, DOCS / name)
+    return f"![{rates_title(curves)}]({name})\n"
 
 
 def run(command: str) -> str:
@@ -42,7 +89,8 @@ def run(command: str) -> str:
 
 
 def regenerate(path: Path) -> list[str]:
-    """Rewrite the blocks of one page; returns the commands whose output changed."""
+    """Rewrite the blocks of one page, then redraw its figures from them; returns the
+    commands whose output changed and the figures that changed."""
     text = path.read_text()
     changed: list[str] = []
 
@@ -53,6 +101,16 @@ def regenerate(path: Path) -> list[str]:
         return match[1] + fresh + match[4]
 
     new = BLOCK.sub(fill, text)
+
+    def picture(match: re.Match[str]) -> str:
+        png = DOCS / match[2]
+        before = png.read_bytes() if png.exists() else b""
+        link = draw(new, match[2], match[3])
+        if png.read_bytes() != before or link != match[4]:
+            changed.append(match[2])
+        return match[1] + link + match[5]
+
+    new = FIGURE.sub(picture, new)
     if new != text:
         path.write_text(new)
     return changed

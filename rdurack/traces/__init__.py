@@ -1,6 +1,6 @@
 """Trace files read back: a job's spans from the trace files every process writes
 (telemetry/file_export.py), exported for Jaeger and Perfetto (`rdu trace`) and drawn
-(`rdu plot`, `rdu bench paper --plot`).
+(`rdu plot`, `rdu bench paper --plot`, and a serving study's `rdu predict serve --plot`).
 
 - spans.py: the spans of a trace dir (`Span`, `TraceSet`, `read_trace_dir`) and one
   job's among them (`select_job`, `job_spans`); `TraceError`.

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from rdurack.traces.plots.serving import read_curves
 from rdurack.workloads.serving.speculative import DRAFT_MODELS
 from tests.support.cli import rdu, rdu_json
 
@@ -148,6 +149,22 @@ def test_several_rates_make_a_study_of_the_stream() -> None:
     assert [r["chunk_tokens"] for r in rows] == [None, None]
 
 
+def test_a_study_draws_its_plot_with_the_figures_of_its_json(tmp_path: Path) -> None:
+    png = tmp_path / "plots" / "rates.png"
+    args = [*STREAM, "--arrivals", "poisson", "--rate", "2,50", "--requests", "40"]
+    done = rdu(*args, "--json", "--plot", str(png))
+    assert done.returncode == 0, done.stderr
+    study = json.loads(done.stdout)  # stdout stays the study alone
+    assert study["rates"] == [2.0, 50.0]
+    assert f"wrote {png}" in done.stderr
+    [curve] = read_curves(png)
+    assert curve.label == "8 × sn40l-node, continuous"
+    assert curve.rates == (2.0, 50.0)
+    assert list(curve.ttft_p99_s) == [r["ttft_s"]["p99"] for r in study["rows"]]
+    assert list(curve.ttft_p50_s) == [r["ttft_s"]["p50"] for r in study["rows"]]
+    assert list(curve.itl_p99_s) == [r["itl_s"]["p99"] for r in study["rows"]]
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -163,6 +180,9 @@ def test_several_rates_make_a_study_of_the_stream() -> None:
         (["--arrivals", "poisson", "--rate", "1", "--batch-size", "4"], "drop --batch-size"),
         (["--arrivals", "poisson", "--rate", "1", "--speculative"], "--speculative"),
         (["--arrivals", "poisson", "--rate", "1", "--trace", "x.csv"], "give one"),
+        (["--arrivals", "poisson", "--rate", "2", "--plot", "x.png"], "two rates or more"),
+        (["--trace", "x.csv", "--plot", "x.png"], "two rates or more"),
+        (["--plot", "x.png"], "need --arrivals or --trace"),
         (["--trace", "/nonexistent.csv"], "cannot read it"),
         (["--arrivals", "poisson", "--rate", "1", "--prompt-tokens", "9000000"], "no request"),
     ],

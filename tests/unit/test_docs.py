@@ -1,4 +1,5 @@
-"""Generated tables in the docs must equal what the code computes today."""
+"""Generated tables in the docs must equal what the code computes today, and a figure
+what the tables it was drawn from say."""
 
 from __future__ import annotations
 
@@ -6,7 +7,10 @@ import re
 
 import pytest
 
-from rdurack.devtools.docs import DOCS, blocks, run
+from rdurack.cli.stream import SWEEP
+from rdurack.devtools.docs import DOCS, FIGURE, blocks, figures, run, sources
+from rdurack.traces.plotdata.serving import RateCurve, rates_title
+from rdurack.traces.plots.serving import read_curves
 
 FIGURES = DOCS / "figures.md"
 GENERATED = [
@@ -29,6 +33,54 @@ def test_generated_table_is_up_to_date(page: str, command: str) -> None:
     assert blocks((DOCS / page).read_text())[command] == run(command), (
         f"docs/{page} is stale: regenerate its blocks with `make docs` ({command})"
     )
+
+
+FIGURED = [
+    (page.name, name, prefix)
+    for page in sorted(DOCS.glob("*.md"))
+    for name, prefix in figures(page.read_text()).items()
+]
+
+
+def _table(markdown: str) -> list[dict[str, str]]:
+    """The rows of a generated study table, by column."""
+    lines = [line.strip("|").split(" | ") for line in markdown.splitlines() if line[:1] == "|"]
+    header, _, *rows = [[cell.strip() for cell in line] for line in lines]
+    return [dict(zip(header, row, strict=True)) for row in rows]
+
+
+def _cells(c: RateCurve) -> list[dict[str, str]]:
+    """A curve's figures as its table prints them."""
+    form = {column: (scale, f) for column, _, scale, f in SWEEP}
+    columns = {"TTFT p50 (ms)": c.ttft_p50_s, "TTFT p99 (ms)": c.ttft_p99_s,
+               "ITL p99 (ms)": c.itl_p99_s}  # fmt: skip
+    return [
+        {"rate (req/s)": f"{rate:g}"}
+        | {k: form[k][1].format(v[i] * form[k][0]) for k, v in columns.items()}
+        for i, rate in enumerate(c.rates)
+    ]
+
+
+def test_serving_md_has_its_figure() -> None:
+    assert figures((DOCS / "serving.md").read_text()) == {
+        "img/serving-rates.png": "rdu predict serve"
+    }
+
+
+@pytest.mark.parametrize(("page", "name", "prefix"), FIGURED, ids=[n for _, n, _ in FIGURED])
+def test_a_figure_shows_what_the_tables_it_was_drawn_from_say(
+    page: str, name: str, prefix: str
+) -> None:
+    text = (DOCS / page).read_text()
+    curves = read_curves(DOCS / name)
+    stale = f"docs/{name} is stale: redraw it with `make docs`"
+    assert [c.source for c in curves] == sources(text, prefix), stale
+    for c in curves:  # every point as its table prints it
+        want = _cells(c)
+        got = [{k: row[k] for k in want[0]} for row in _table(blocks(text)[c.source])]
+        assert got == want, stale
+    link = next(m[4] for m in FIGURE.finditer(text) if m[2] == name)
+    assert link == f"![{rates_title(curves)}]({name})\n", stale
 
 
 def test_readme_count_of_reproduced_figures_is_current() -> None:
