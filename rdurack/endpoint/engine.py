@@ -7,15 +7,21 @@ and hands each request the tokens the iteration produced.
 
 Two clocks. The engine's emulated clock advances by each iteration. At `time_scale` s
 > 0 the engine waits until wall time reaches the iteration's emulated end x s (from the
-engine's start), so a token leaves at its emulated time (x s); an idle engine's clock
-follows the wall clock, so a request's emulated arrival is when it came. At 0 it runs as
-fast as the machine allows, and a request arrives at the emulated clock's current time.
+engine's start), so a token leaves at its emulated time (x s); a request's emulated
+arrival is when the server received it / s. At 0 it runs as fast as the machine allows,
+and a request arrives at the emulated clock's current time. While requests run or wait,
+each iteration starts where the last one ended (the wall's lateness, a timer waking a
+millisecond late, never adds to emulated time); an idle engine's next one starts at the
+next arrival. A request joins the queue at the first iteration that starts after its
+arrival, and one received while an iteration was being chosen arrives just after that
+choice: the predictor's replay of the arrivals the engine recorded gives its times.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -100,6 +106,10 @@ class Engine:
         self._work = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._down: tuple[Unavailable, float] | None = None  # the last failure, wall time
+        # Requests received whose emulated arrival the clock has not reached yet: they
+        # join the scheduler's queue at the first iteration that starts after it.
+        self._pending: list[Arrival] = []
+        self._decided_s = -1.0  # the start of the last iteration chosen, emulated s
         self.on_token: Callable[[Handle, Token], None] = lambda h, t: None
         self.on_done: Callable[[Handle, Running | None], None] = lambda h, r: None
 
@@ -136,17 +146,21 @@ class Engine:
             if time.monotonic() - since < UNAVAILABLE_FOR_S:
                 raise Unavailable(str(failure), UNAVAILABLE_FOR_S)
             self._down = None  # the next iteration tries the sockets again
-        if len(self.scheduler.waiting) >= self.max_waiting:
+        if self.waiting >= self.max_waiting:
             raise QueueFull(
-                f"{self.model}: {len(self.scheduler.waiting)} requests are waiting, the "
-                "bound; retry later",
+                f"{self.model}: {self.waiting} requests are waiting, the bound; retry later",
                 self.iteration_s * self.time_scale,
             )
         at = self.now()
         if received is not None and self.time_scale > 0:
             at = (received - self._wall0) / self.time_scale
+        # The iteration chosen from `_decided_s` could not have taken it (the engine
+        # chose while the server parsed it): it arrives just after, as the predictor's
+        # replay, which admits what arrived by each start, would have it.
+        at = max(at, math.nextafter(self._decided_s, math.inf))
         arrival = Arrival(self._next, at, prompt_tokens, output_tokens)
-        self.scheduler.arrive(arrival)  # raises Refused before anything is held
+        self.scheduler.refuse(arrival)  # before anything is held
+        self._pending.append(arrival)
         self._next += 1
         handle = Handle(arrival)
         self._handles[arrival.index] = handle
@@ -156,7 +170,7 @@ class Engine:
     def cancel(self, handle: Handle) -> None:
         """The client is gone or has what it wanted: free its slot and KV cache now."""
         if not handle.done:
-            self.scheduler.drop(handle.arrival.index)
+            self._forget(handle.arrival)
             self._close(handle, None)
 
     @property
@@ -165,18 +179,30 @@ class Engine:
 
     @property
     def waiting(self) -> int:
-        return len(self.scheduler.waiting)
+        return len(self.scheduler.waiting) + len(self._pending)
+
+    def _forget(self, a: Arrival) -> None:
+        if a in self._pending:
+            self._pending.remove(a)
+        else:
+            self.scheduler.drop(a.index)
 
     # ------------------------------------------------------------------ the loop
 
     async def _loop(self) -> None:
         while True:
-            start = self.now()
-            it = self.scheduler.next(start)
-            if it is None:
+            start = self._start()
+            if start is not None:
+                arrived = sorted((a for a in self._pending if a.at_s <= start), key=_at)
+                for a in arrived:
+                    self._pending.remove(a)
+                    self.scheduler.arrive(a)
+            it = None if start is None else self.scheduler.next(start)
+            if start is None or it is None:
                 self._work.clear()
                 await self._work.wait()
                 continue
+            self._decided_s = start
             for r, _ in it.prefill:
                 h = self._handles.get(r.arrival.index)
                 if h is not None and h.admitted_s is None:
@@ -195,6 +221,16 @@ class Engine:
                 h = self._handles.get(r.arrival.index)
                 if h is not None:
                     self._close(h, r)
+
+    def _start(self) -> float | None:
+        """When the next iteration starts (emulated s): where the last one ended while
+        requests run or wait, so that the wall's lateness never adds to emulated time;
+        else at the first pending arrival; None when there is nothing to do."""
+        if self.scheduler.busy:
+            return self.clock_s
+        if self._pending:
+            return max(self.clock_s, min(a.at_s for a in self._pending))
+        return None
 
     async def _pace(self, end_s: float) -> None:
         """Wait for the wall clock to reach the iteration's end; at time scale 0 (or when
@@ -220,7 +256,7 @@ class Engine:
         and KV cache freed, and new ones are refused for a while."""
         self._down = (e, time.monotonic())
         for h in list(self._handles.values()):
-            self.scheduler.drop(h.arrival.index)
+            self._forget(h.arrival)
             h.error = e
             self._close(h, None)
 
@@ -231,3 +267,7 @@ class Engine:
         self._handles.pop(h.arrival.index, None)
         h.tokens.put_nowait(None)
         self.on_done(h, r)
+
+
+def _at(a: Arrival) -> float:
+    return a.at_s

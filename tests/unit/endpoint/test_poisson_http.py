@@ -15,13 +15,10 @@ under static batching only, and the engine's scheduling is checked without the
 clients' jitter: the arrivals it recorded, replayed in the predictor, must give its
 figures exactly.
 
-Both fail today, for a reason of the engine's clock (`endpoint/engine.py` `now()`):
-while busy, an iteration starts at the wall's time, not at the previous one's emulated
-end, so the wall's lateness (asyncio's timers wake about 1 ms late, epoll's millisecond
-timeout) is added to every later emulated time: at time scale 1 a 9.3 ms decode step
-takes 10.8 ms. Measured on this machine (2 cores), static batching: TPOT +17% at p50,
-TTFT +10% to +17%. They are xfail(strict): when the engine keeps its emulated clock off
-the wall's lateness, they pass and their marks must go.
+The engine starts each iteration of a busy stream where the last one ended, and a
+request received while it chose the next iteration arrives just after that choice
+(`endpoint/engine.py`), so the wall's lateness (asyncio's timers wake about 1 ms late)
+never adds to the emulated times.
 """
 
 from __future__ import annotations
@@ -185,13 +182,6 @@ def test_continuous_batching_has_a_lower_p99_ttft_than_static(
     assert want[Policy.CONTINUOUS] < want[Policy.STATIC]
 
 
-DRIFT = (
-    "endpoint/engine.py: a busy engine starts each iteration at the wall's time, so "
-    "asyncio's ~1 ms timer lateness is added to every later emulated time"
-)
-
-
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=DRIFT)
 def test_static_batchings_percentiles_are_the_predictors_within_3_percent(
     streams: dict[Policy, Stream],
 ) -> None:
@@ -202,7 +192,6 @@ def test_static_batchings_percentiles_are_the_predictors_within_3_percent(
     assert not misses, f"{misses}; replaying the arrivals the engine saw: {same}"
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=DRIFT)
 @pytest.mark.parametrize("policy", list(Policy))
 def test_the_arrivals_the_engine_saw_replay_exactly_in_the_predictor(
     streams: dict[Policy, Stream], policy: Policy

@@ -132,6 +132,11 @@ class Scheduler:
 
     def arrive(self, a: Arrival) -> None:
         """Queue a request, or refuse one that could never fit."""
+        self.refuse(a)
+        self.waiting.append(a)
+
+    def refuse(self, a: Arrival) -> None:
+        """Refused if the request could never fit, whatever else runs."""
         need = a.prompt_tokens + a.output_tokens
         if need > self.kv_budget_tokens:
             raise Refused(
@@ -139,7 +144,6 @@ class Scheduler:
                 f"{a.output_tokens} output = {need} tokens) exceeds what the sockets hold "
                 f"beside the weights ({self.kv_budget_tokens} tokens)"
             )
-        self.waiting.append(a)
 
     def next(self, now_s: float) -> Iteration | None:
         """The next iteration from `now_s`, admitting what the policy lets in; None when
