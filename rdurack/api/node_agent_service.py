@@ -118,6 +118,7 @@ class NodeAgentService(node_agent_pb2_grpc.NodeAgentServiceServicer):
         )
         return node_agent_pb2.RunKernelResponse(sockets=[convert.kernel_timing(r) for r in runs])
 
+    @rpc
     def RunPasses(
         self, request: node_agent_pb2.NodePassesRequest, context: grpc.ServicerContext
     ) -> node_agent_pb2.NodePassesResponse:

@@ -70,9 +70,8 @@ class RackModel:
         deadline = time.monotonic() + self.hold_timeout_s
         while job.state != common_pb2.JOB_STATE_RUNNING:
             if job.state in TERMINAL:
-                raise Unavailable(
-                    f"{self.model}: its endpoint job {job.id} ended: {job.error_message}"
-                )
+                why = job.error_message or common_pb2.JobState.Name(job.state)
+                raise Unavailable(f"{self.model}: its endpoint job {job.id} ended: {why}")
             if time.monotonic() > deadline:
                 self.release(job.id)
                 raise Unavailable(
