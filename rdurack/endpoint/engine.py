@@ -15,24 +15,33 @@ millisecond late, never adds to emulated time); an idle engine's next one starts
 next arrival. A request joins the queue at the first iteration that starts after its
 arrival, and one received while an iteration was being chosen arrives just after that
 choice: the predictor's replay of the arrivals the engine recorded gives its times.
+
+An executor whose calls cost wall time (a rack's sockets, endpoint/rack.py) may get
+several iterations a call: when its last call took longer than the next iteration
+lasts, the engine plans as many as that call spans with the pricer's times (the same
+timing model the sockets run), and the sockets' answer times them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import math
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 from rdurack.errors import RdurackError
 from rdurack.workloads.serving.stream.arrivals import Arrival
+from rdurack.workloads.serving.stream.pricing import Pass, Pricer
 from rdurack.workloads.serving.stream.scheduler import Iteration, Running, Scheduler
 
-# What an executor does with an iteration starting at an emulated time (s since the
-# engine started): run it, and say its emulated seconds; Unavailable if it cannot.
-Executor = Callable[[Iteration, float], Awaitable[float]]
+# What an executor does with iterations' passes (pricing.py `Pass`, taken when each
+# was chosen), back to back from the first one's emulated start (s since the engine
+# started): run them, and say each one's emulated seconds; Unavailable if it cannot.
+Executor = Callable[[Sequence[Pass], float], Awaitable[list[float]]]
+MAX_AHEAD = 32  # iterations a call carries at most
 
 # After an iteration the rack could not run, new requests are refused for this long
 # (wall s) before the next one tries the rack again: a client retrying at once is told
@@ -87,10 +96,16 @@ class Engine:
         self,
         model: str,
         scheduler: Scheduler,
+        pricer: Pricer,
         executor: Executor,
         time_scale: float = 1.0,
         max_waiting: int = 256,
+        plans_ahead: bool = False,
     ) -> None:
+        """`pricer`: what each iteration's pass is. `plans_ahead`: the executor's calls
+        cost wall time (a rack); at `time_scale` > 0 a call then carries as many
+        iterations as its last call's wall time spans (at most MAX_AHEAD), planned with
+        the pricer's times and timed by the executor."""
         if time_scale < 0:
             raise ValueError(f"time scale must be >= 0, got {time_scale}")
         self.model = model
@@ -110,6 +125,13 @@ class Engine:
         # join the scheduler's queue at the first iteration that starts after it.
         self._pending: list[Arrival] = []
         self._decided_s = -1.0  # the start of the last iteration chosen, emulated s
+        self.pricer = pricer
+        self.plans_ahead = plans_ahead
+        self._call_wall_s = 0.0  # the executor's last call, wall s
+        # A plan's iterations as the scheduler finished them: their requests that
+        # finished, and their estimated (start, end), emulated s.
+        self._finished: list[list[Running]] = []
+        self._estimated: list[tuple[float, float]] = []
         self.on_token: Callable[[Handle, Token], None] = lambda h, t: None
         self.on_done: Callable[[Handle, Running | None], None] = lambda h, r: None
 
@@ -192,32 +214,81 @@ class Engine:
     async def _loop(self) -> None:
         while True:
             start = self._start()
-            if start is not None:
-                arrived = sorted((a for a in self._pending if a.at_s <= start), key=_at)
-                for a in arrived:
-                    self._pending.remove(a)
-                    self.scheduler.arrive(a)
-            it = None if start is None else self.scheduler.next(start)
+            it = None if start is None else self._choose(start)
             if start is None or it is None:
                 self._work.clear()
                 await self._work.wait()
                 continue
+            planned, passes = [it], [self.pricer.pass_of(it)]
+            if (ahead := self._ahead(passes[0])) > 1:
+                self._plan(planned, passes, start, ahead)
+            try:
+                wall = time.monotonic()
+                durations = await self.executor(passes, start)
+                self._call_wall_s = time.monotonic() - wall
+            except Unavailable as e:
+                self._fail(e)
+                continue
+            await self._run(planned, start, durations, ahead > 1)
+
+    def _choose(self, start: float) -> Iteration | None:
+        """The iteration starting at `start`, with the arrivals it can take."""
+        for a in sorted((a for a in self._pending if a.at_s <= start), key=_at):
+            self._pending.remove(a)
+            self.scheduler.arrive(a)
+        it = self.scheduler.next(start)
+        if it is not None:
             self._decided_s = start
             for r, _ in it.prefill:
                 h = self._handles.get(r.arrival.index)
                 if h is not None and h.admitted_s is None:
                     h.admitted_s = r.admitted_s
-            try:
-                self.iteration_s = await self.executor(it, start)
-            except Unavailable as e:
-                self._fail(e)
-                continue
-            end = start + self.iteration_s
-            await self._pace(end)
-            self.clock_s = end
-            finished = self.scheduler.finish(it, end)
+        return it
+
+    def _ahead(self, first: Pass) -> int:
+        """How many iterations the next call carries: one, unless its wall time would
+        make the tokens late (the last call took longer than this iteration lasts)."""
+        if not self.plans_ahead or self.time_scale == 0 or self._call_wall_s == 0:
+            return 1
+        lasts = self.pricer.seconds(first) * self.time_scale
+        return max(1, min(MAX_AHEAD, math.ceil(self._call_wall_s / lasts))) if lasts > 0 else 1
+
+    def _plan(self, planned: list[Iteration], passes: list[Pass], start: float, ahead: int) -> None:
+        """Up to `ahead` iterations back to back from the first of `planned`, each
+        finished on the scheduler at its end by the pricer (`_run` puts the executor's
+        times in), and each one's pass taken before it is finished."""
+        at = start
+        while True:
+            end = at + self.pricer.seconds(passes[-1])
+            self._estimated.append((at, end))
+            self._finished.append(self.scheduler.finish(planned[-1], end))
+            at = end
+            if len(planned) == ahead or not self.scheduler.busy:
+                return
+            it = self._choose(at)
+            if it is None:
+                return
+            planned.append(it)
+            passes.append(self.pricer.pass_of(it))
+
+    async def _run(
+        self, planned: list[Iteration], start: float, durations: list[float], done: bool
+    ) -> None:
+        """Each iteration in turn: paced to its end, its tokens out, its finished
+        requests closed. `done`: the plan already finished them on the scheduler at
+        estimated ends, which the executor's times now replace."""
+        ends = list(itertools.accumulate(durations, initial=start))[1:]
+        finished, estimated = self._finished, self._estimated
+        self._finished, self._estimated = [], []
+        for i, it in enumerate(planned):
+            self.iteration_s = durations[i]
+            if done:
+                _retime(it, estimated[i], (ends[i - 1] if i else start, ends[i]))
+            await self._pace(ends[i])
+            self.clock_s = ends[i]
+            closed = finished[i] if done else self.scheduler.finish(it, ends[i])
             self._deliver(it)
-            for r in finished:
+            for r in closed:
                 h = self._handles.get(r.arrival.index)
                 if h is not None:
                     self._close(h, r)
@@ -271,3 +342,14 @@ class Engine:
 
 def _at(a: Arrival) -> float:
     return a.at_s
+
+
+def _retime(it: Iteration, estimated: tuple[float, float], ran: tuple[float, float]) -> None:
+    """A planned iteration's requests, finished at its estimated (start, end), get the
+    times the executor measured instead (the same unless a socket is slowed)."""
+    if estimated == ran:
+        return
+    for r in (*(r for r, _ in it.prefill), *it.decode):
+        r.token_s[:] = [ran[1] if t == estimated[1] else t for t in r.token_s]
+        if r.admitted_s == estimated[0]:
+            r.admitted_s = ran[0]

@@ -16,14 +16,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Sequence
 
 import grpc
 
 from rdurack.endpoint.engine import Unavailable
 from rdurack.v1 import common_pb2, job_pb2, job_pb2_grpc
 from rdurack.wire.passes import pass_to_proto
-from rdurack.workloads.serving.stream.pricing import Pricer
-from rdurack.workloads.serving.stream.scheduler import Iteration, Scheduler
+from rdurack.workloads.serving.stream.pricing import Pass, Pricer
+from rdurack.workloads.serving.stream.scheduler import Scheduler
 
 # How long an endpoint job may wait for its sockets, wall s (other jobs may hold them).
 HOLD_TIMEOUT_S = 60.0
@@ -106,16 +107,16 @@ class RackModel:
         if job_id == self.job_id:
             self.job_id = None
 
-    async def __call__(self, it: Iteration, start_s: float) -> float:
-        # What the pass is, read here, on the event loop that changes the scheduler.
+    async def __call__(self, passes: Sequence[Pass], start_s: float) -> list[float]:
+        # The KV cache, read here, on the event loop that changes the scheduler.
         request = job_pb2.RunPassesRequest(
             offset_ns=round(start_s * 1e9),
-            passes=[pass_to_proto(self.pricer.pass_of(it))],
+            passes=[pass_to_proto(p) for p in passes],
             kv_tokens=self.scheduler.reserved_tokens,
         )
         return await asyncio.to_thread(self._run, request)
 
-    def _run(self, request: job_pb2.RunPassesRequest) -> float:
+    def _run(self, request: job_pb2.RunPassesRequest) -> list[float]:
         try:
             request.job_id = self.job_id or self.hold()
             reply = self.jobs.RunPasses(request, timeout=PASS_TIMEOUT_S)
@@ -124,7 +125,7 @@ class RackModel:
             raise Unavailable(
                 f"{self.model}: the rack did not run its pass: {e.details()}"
             ) from None
-        return reply.duration_ns[0] / 1e9
+        return [d / 1e9 for d in reply.duration_ns]
 
     def _forget_if_ended(self) -> None:
         """After a failed pass: a job that ended is replaced at the next iteration."""

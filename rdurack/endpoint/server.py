@@ -27,9 +27,8 @@ from rdurack.errors import InvalidRequest
 from rdurack.rack.models import ModelSpec
 from rdurack.security.tls import PAIR, read_key_pair
 from rdurack.workloads.predictor import Predictor
-from rdurack.workloads.serving.stream.pricing import Pricer
+from rdurack.workloads.serving.stream.pricing import Pass, Pricer
 from rdurack.workloads.serving.stream.replay import StreamSetting, prepare
-from rdurack.workloads.serving.stream.scheduler import Iteration
 
 # Assumption: 256 requests may wait per model before 429 (vLLM queues without bound;
 # a bound makes overload visible to a client's retry logic). Set it with --max-waiting.
@@ -39,8 +38,8 @@ DEFAULT_MAX_WAITING = 256
 def priced(pricer: Pricer) -> Executor:
     """An executor that runs nothing: the timing model says how long an iteration takes."""
 
-    async def run(it: Iteration, start_s: float) -> float:
-        return pricer(it).seconds
+    async def run(passes: Sequence[Pass], start_s: float) -> list[float]:
+        return [pricer.seconds(p) for p in passes]
 
     return run
 
@@ -59,16 +58,23 @@ def engines(
     out = {}
     for name in names:
         pricer, scheduler = prepare(p, replace(setting, model=name), models)
-        executor: Executor = (
-            priced(pricer) if rack is None else RackModel(rack, p.platform.name, pricer, scheduler)
-        )
-        out[name] = Engine(name, scheduler, executor, time_scale, max_waiting)
+        if rack is None:
+            out[name] = Engine(name, scheduler, pricer, priced(pricer), time_scale, max_waiting)
+            continue
+        # A call to the rack costs wall time: it may carry several iterations, planned
+        # with the same timing model the sockets run.
+        model = RackModel(rack, p.platform.name, pricer, scheduler)
+        out[name] = Engine(name, scheduler, pricer, model, time_scale, max_waiting, True)
     return out
 
 
 def on_rack(served: dict[str, Engine]) -> list[RackModel]:
     """The engines' models that run on a rack."""
-    return [e.executor for e in served.values() if isinstance(e.executor, RackModel)]
+    out: list[RackModel] = []
+    for e in served.values():
+        if isinstance(e.executor, RackModel):
+            out.append(e.executor)
+    return out
 
 
 @dataclass(frozen=True)

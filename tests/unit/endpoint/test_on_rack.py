@@ -6,7 +6,7 @@ clocks, HBM and spans show the work; a rack that cannot run a pass answers 503."
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +29,7 @@ from rdurack.rack.topology import SocketId
 from rdurack.v1 import common_pb2, job_pb2, job_pb2_grpc, serve_pb2
 from rdurack.workloads.predictor import Predictor
 from rdurack.workloads.serving.stream.arrivals import Arrival
+from rdurack.workloads.serving.stream.pricing import Pass
 from rdurack.workloads.serving.stream.replay import StreamSetting, replay
 from rdurack.workloads.serving.stream.scheduler import Policy
 from tests.support.endpoint import in_thread
@@ -151,4 +152,48 @@ def test_bad_passes_are_refused_by_name(rack: Rack) -> None:
         with pytest.raises(grpc.RpcError) as e:
             jobs.RunPasses(job_pb2.RunPassesRequest(job_id=job_id, passes=passes), timeout=30)
         assert e.value.code() == code and message in (e.value.details() or "")
+    model.release()
+
+
+def test_calls_carry_several_planned_iterations_when_one_would_make_tokens_late(
+    rack: Rack,
+) -> None:
+    """At a time scale where an iteration lasts less wall than a call to the rack, a
+    call carries several iterations, planned with the timing model, and the times are
+    still the predictor's."""
+    engine, model = _on_rack(rack, time_scale=0.02)
+    sizes: list[int] = []
+    run = engine.executor
+
+    async def counted(its: Sequence[Pass], start_s: float) -> list[float]:
+        sizes.append(len(its))
+        return await run(its, start_s)
+
+    engine.executor = counted
+    lengths = [(300, 60), (1200, 25), (64, 80), (700, 40)]
+
+    async def serve() -> list[tuple[Arrival, list[float]]]:
+        handles = [engine.submit(p, o) for p, o in lengths]
+        engine.start()
+        try:
+            out = []
+            for h in handles:
+                times = []
+                while (t := await h.tokens.get()) is not None:
+                    times.append(t.emulated_s)
+                out.append((h.arrival, times))
+            return out
+        finally:
+            await engine.stop()
+
+    got = asyncio.run(serve())
+    assert max(sizes) > 1, sizes
+    assert [len(t) for _, t in got] == [o for _, o in lengths]
+    # The arrivals as the engine stamped them (wall time / time scale), replayed.
+    want = replay(Predictor(RACK), SETTING, [a for a, _ in got], builtin_models())
+    e2e = [t[-1] - a.at_s for a, t in got]
+    ttft = [t[0] - a.at_s for a, t in got]
+    assert max(e2e) == pytest.approx(want.e2e_s.max, rel=1e-6)
+    assert sum(e2e) / len(e2e) == pytest.approx(want.e2e_s.mean, rel=1e-6)
+    assert sum(ttft) / len(ttft) == pytest.approx(want.ttft_s.mean, rel=1e-6)
     model.release()

@@ -88,6 +88,9 @@ class Pricer:
     def __call__(self, it: Iteration) -> Cost:
         return cost(self.predictor, self.model, self.sockets, self.pass_of(it))
 
+    def seconds(self, done: Pass) -> float:
+        return cost(self.predictor, self.model, self.sockets, done).seconds
+
     def pass_of(self, it: Iteration) -> Pass:
         parts, logits = shapes(it)
         prefill_only = not it.decode and not it.padding
