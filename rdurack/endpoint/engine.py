@@ -326,6 +326,7 @@ class Engine:
         """The sockets could not run an iteration: every request ends with `e`, its slot
         and KV cache freed, and new ones are refused for a while."""
         self._down = (e, time.monotonic())
+        self._finished, self._estimated = [], []  # a plan that did not run
         for h in list(self._handles.values()):
             self._forget(h.arrival)
             h.error = e

@@ -4,16 +4,19 @@ gives the same emulated times; cancelling frees at once; the queue has its bound
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
+from dataclasses import replace
 
 import pytest
 
-from rdurack.endpoint.engine import Engine, QueueFull, Token
+from rdurack.endpoint.engine import UNAVAILABLE_FOR_S, Engine, Handle, QueueFull, Token, Unavailable
 from rdurack.endpoint.server import engines
 from rdurack.rack.models import builtin_models
 from rdurack.rack.presets import platform
 from rdurack.workloads.predictor import Predictor
 from rdurack.workloads.serving.stream.arrivals import Arrival
-from rdurack.workloads.serving.stream.replay import StreamSetting, replay
+from rdurack.workloads.serving.stream.pricing import Pass
+from rdurack.workloads.serving.stream.replay import StreamSetting, prepare, replay
 from rdurack.workloads.serving.stream.scheduler import Policy
 
 MODEL = "llama3.1-70b"
@@ -90,3 +93,51 @@ def test_the_queue_bound_refuses_with_a_retry_hint() -> None:
         await engine.stop()
 
     asyncio.run(run())
+
+
+def test_a_failed_planned_call_leaves_the_engine_serving_as_the_predictor_says() -> None:
+    """A slow executor (5 ms of wall a call) makes the engine plan several iterations a
+    call; one call fails; the requests after it get the predictor's replay."""
+    setting = StreamSetting(MODEL, 8, Policy.CONTINUOUS, max_batch=4)
+    pricer, scheduler = prepare(Predictor(RACK), setting, builtin_models())
+    calls: list[int] = []
+
+    async def slow(passes: Sequence[Pass], start_s: float) -> list[float]:
+        calls.append(len(passes))
+        await asyncio.sleep(0.005)
+        if len(passes) > 1 and calls.count(-1) == 0:  # the first planned call fails
+            calls.append(-1)
+            raise Unavailable("the rack did not run its pass")
+        return [pricer.seconds(p) for p in passes]
+
+    engine = Engine(MODEL, scheduler, pricer, slow, 0.02, plans_ahead=True)
+
+    async def run() -> tuple[list[Handle], list[tuple[Arrival, list[float]]]]:
+        engine.start()
+        try:
+            first = [engine.submit(300, 200) for _ in range(2)]
+            for h in first:
+                while await h.tokens.get() is not None:
+                    pass
+            await asyncio.sleep(UNAVAILABLE_FOR_S)  # the engine takes requests again
+            second = [engine.submit(p, o) for p, o in [(300, 4), (64, 6)]]
+            out = []
+            for h in second:
+                times = []
+                while (t := await h.tokens.get()) is not None:
+                    times.append(t.emulated_s)
+                out.append((h.arrival, times))
+            return first, out
+        finally:
+            await engine.stop()
+
+    first, second = asyncio.run(asyncio.wait_for(run(), 60))  # a stuck request fails
+    assert all(h.error is not None for h in first)
+    assert -1 in calls and max(calls[calls.index(-1) :]) > 1, calls  # planned again
+    assert [len(t) for _, t in second] == [4, 6]
+    shift = min(a.at_s for a, _ in second)
+    again = [replace(a, at_s=a.at_s - shift) for a, _ in second]
+    want = replay(Predictor(RACK), setting, again, builtin_models())
+    e2e = [t[-1] - a.at_s for a, t in second]
+    assert max(e2e) == pytest.approx(want.e2e_s.max, rel=1e-9)
+    assert sum(e2e) / 2 == pytest.approx(want.e2e_s.mean, rel=1e-9)
