@@ -11,8 +11,8 @@ one, and under continuous batching which requests prefill together changes from 
 on. The predictor itself moves so: this stream with every arrival up to 1 ms late (at
 random) changes its continuous TPOT p50 by up to 5%, chunked prefill's by up to 9%;
 static batching's figures move by under 0.5% there, but a loaded machine makes the
-lateness tens of ms (static TTFT p50 came out 9.8% above the seeded stream's while
-another suite ran). So no comparison with the seeded stream is held here: the engine's
+lateness tens of ms (static TTFT p50 came out 9.8% above the seeded stream's within a
+full `make test`). So no comparison with the seeded stream is held here: the engine's
 scheduling is checked without the clients' jitter, the arrivals it recorded, replayed
 in the predictor, must give its figures exactly.
 
