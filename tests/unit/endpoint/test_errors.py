@@ -90,9 +90,17 @@ def test_the_queue_bound_answers_429_with_retry_after() -> None:
         url = e.url + "/v1/completions"
         with c.stream("POST", url, json=body, timeout=60) as first:
             assert first.status_code == 200
-            next(first.iter_lines())  # admitted and producing
+            lines = first.iter_lines()  # kept: a dropped iterator closes the stream
+            next(lines)  # admitted and producing
             with c.stream("POST", url, json=body, timeout=60) as second:
                 assert second.status_code == 200  # it waits
+                # One running, one waiting, as the engine sees it, before the third (a
+                # loaded machine once answered the third 200: this says in what state).
+                engine = e.engines[MODEL]
+                deadline = time.monotonic() + 10
+                while (engine.running, engine.waiting) != (1, 1):
+                    assert time.monotonic() < deadline, (engine.running, engine.waiting)
+                    time.sleep(0.01)
                 third = c.post(url, json=body, timeout=60)
                 assert third.status_code == 429
                 assert int(third.headers["retry-after"]) >= 1
