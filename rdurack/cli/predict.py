@@ -46,6 +46,7 @@ from rdurack.workloads.predictor import (
 from rdurack.workloads.serving.batch import ServeRequest
 from rdurack.workloads.serving.predict import predict_serve, predict_speculative_decode
 from rdurack.workloads.serving.speculative import SpeculativeSetting
+from rdurack.workloads.serving.stream.bundle import BUNDLE_NAME
 from rdurack.workloads.serving.stream.replay import StreamSetting
 from rdurack.workloads.training.job import TrainingWorkload, check_fits, predict_scaling, step_cost
 
@@ -225,9 +226,11 @@ def predict_serve_cmd(
                 "a stream is batched by its --policy up to --max-batch, without "
                 "speculation: drop --batch-size and --speculative"
             )
+        bundle = stream.bundle(model)
         setting = StreamSetting(
-            model, sockets, stream.policy, stream.max_batch, stream.chunk_tokens, plan,
-            expert_mapping, stream.slo_ttft_s, stream.slo_itl_s,
+            BUNDLE_NAME if bundle else model, sockets, stream.policy, stream.max_batch,
+            stream.chunk_tokens, plan, expert_mapping, stream.slo_ttft_s, stream.slo_itl_s,
+            bundle,
         )  # fmt: skip
         lengths = (prompt_tokens, output_tokens)
         serve_stream(predictor, setting, stream, lengths, models, as_json, markdown)

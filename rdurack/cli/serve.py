@@ -6,6 +6,7 @@ same Secrets the same way."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
@@ -23,6 +24,7 @@ from rdurack.rack.whatif import load_platform
 from rdurack.security.auth import Authenticator
 from rdurack.security.tls import ENV_CERT, ENV_KEY
 from rdurack.workloads.predictor import Predictor
+from rdurack.workloads.serving.stream.bundle import BUNDLE_NAME, BundleSetting
 from rdurack.workloads.serving.stream.replay import StreamSetting
 from rdurack.workloads.serving.stream.scheduler import DEFAULT_CHUNK_TOKENS, Policy
 
@@ -43,6 +45,16 @@ CertOpt = Annotated[
     Path | None,
     typer.Option("--tls-cert", envvar=ENV_CERT, help="HTTPS: this server's certificate (PEM)"),
 ]
+ExpertsOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--experts",
+        min=1,
+        help=f"also serve a CoE bundle, {BUNDLE_NAME}, of this many catalog experts "
+        "(Llama2-7B, routed by a Llama2-7B router, on one node's sockets: PAPER's "
+        "Samba-CoE has 150); the bundle's name routes, each expert's name is a model too",
+    ),
+]
 KeyOpt = Annotated[
     Path | None,
     typer.Option("--tls-key", envvar=ENV_KEY, help="HTTPS: the certificate's private key (PEM)"),
@@ -52,6 +64,7 @@ KeyOpt = Annotated[
 def serve_cmd(
     platform: PlatformOpt = "sn40l-rack16",
     model: ModelsOpt = None,
+    experts: ExpertsOpt = None,
     sockets: Annotated[
         int | None,
         typer.Option(min=1, help="sockets per model; default: the platform's, shared out"),
@@ -90,11 +103,12 @@ def serve_cmd(
     each iteration priced by the timing model (on the rack's sockets with --rack) and its
     tokens paced at --time-scale."""
     from rdurack.endpoint.auth import Gate  # its web stack, only when serving
+    from rdurack.endpoint.models import Models
     from rdurack.endpoint.server import engines, https, serve
 
     tls = https(tls_cert, tls_key)  # a bad file or flag refused before anything is built
     auth = Authenticator.from_file(tokens)
-    names = model or ["llama3.1-8b"]
+    names = model or ([] if experts else ["llama3.1-8b"])
     known = builtin_models()
     for name in names:
         if name not in known:
@@ -107,27 +121,38 @@ def serve_cmd(
     if channel is not None:
         platform = RackClient(channel).status().platform  # the rack's, whatever was given
     p = Predictor(load_platform(platform, spec))
-    per_model = sockets or max(1, p.platform.sockets // len(names))
-    if per_model * len(names) > p.platform.sockets:
+    # A bundle is tensor parallel over one node (workloads/coe/bundle.py).
+    on_bundle = p.platform.node.sockets if experts else 0
+    left = p.platform.sockets - on_bundle
+    per_model = sockets or max(1, left // max(1, len(names)))
+    if per_model * len(names) + on_bundle > p.platform.sockets:
+        bundle = f" and a bundle on {on_bundle}" if on_bundle else ""
         raise InvalidRequest(
-            f"{len(names)} models x {per_model} sockets exceed {p.platform.name}'s "
+            f"{len(names)} models x {per_model} sockets{bundle} exceed {p.platform.name}'s "
             f"{p.platform.sockets}"
         )
     setting = StreamSetting(
-        names[0],
+        names[0] if names else BUNDLE_NAME,
         per_model,
         policy or Policy.CONTINUOUS,
         max_batch or DEFAULT_MAX_BATCH,
         chunk_tokens or DEFAULT_CHUNK_TOKENS,
     )
-    served = engines(p, names, setting, known, time_scale, max_waiting, channel)
-    gate = Gate(auth, {name: per_model for name in names})
+    coe = None
+    if experts:
+        coe = replace(setting, model=BUNDLE_NAME, sockets=on_bundle)
+        coe = replace(coe, bundle=BundleSetting(experts))
+    served = engines(p, names, setting, known, time_scale, max_waiting, channel, coe)
+    gate = Gate(auth, Models(served).sockets())
     scheme = "https" if tls else "http"
     where = f" of the rack at {to.address}" if rack else ""
     say = Console(stderr=True, soft_wrap=True, highlight=False).print  # a line stays a line
+    what = [f"{', '.join(names)} on {per_model} {p.platform.name} sockets each"] if names else []
+    if coe is not None:
+        what.append(f"{BUNDLE_NAME} ({experts} experts) on {on_bundle} sockets")
     say(
-        f"serving {', '.join(names)} on {per_model} {p.platform.name} sockets each{where} "
-        f"at {scheme}://{host}:{port}/v1 (time scale {time_scale:g}); Ctrl-C stops"
+        f"serving {' and '.join(what)}{where} at {scheme}://{host}:{port}/v1 "
+        f"(time scale {time_scale:g}); Ctrl-C stops"
     )
     say(f"security: {'HTTPS' if tls else 'plain HTTP'}, {gate.notice()}")
     try:

@@ -19,8 +19,10 @@ from rdurack.cli.options import in_place_of
 from rdurack.cli.views import emit, study_table
 from rdurack.errors import InvalidRequest
 from rdurack.rack.models import ModelSpec
+from rdurack.workloads.coe.catalog import expert_names
 from rdurack.workloads.predictor import Predictor
 from rdurack.workloads.serving.stream.arrivals import Arrival, poisson, read_trace
+from rdurack.workloads.serving.stream.bundle import BundleSetting, assign_experts
 from rdurack.workloads.serving.stream.replay import StreamSetting, replay
 from rdurack.workloads.serving.stream.report import StreamReport
 from rdurack.workloads.serving.stream.scheduler import DEFAULT_CHUNK_TOKENS, Policy
@@ -71,6 +73,20 @@ SloTtftOpt = Annotated[
 SloItlOpt = Annotated[
     float | None, typer.Option(min=0, help="SLO on time per output token, ms (goodput)")
 ]
+ExpertsOpt = Annotated[
+    int | None,
+    typer.Option(
+        min=1,
+        help="serve a CoE bundle of this many catalog experts of --model (routed by a "
+        "--model router, on one node; PAPER: 150 llama2-7b), each request routed to one "
+        "drawn with --skew",
+    ),
+]
+SkewOpt = Annotated[
+    float | None,
+    typer.Option(min=0, help="the Zipf exponent of the experts' popularity (--experts); 0: "
+                 "uniform; default: 1"),
+]  # fmt: skip
 PlotOpt = Annotated[
     Path | None,
     typer.Option(
@@ -95,15 +111,29 @@ class StreamOptions:
     slo_ttft_s: float | None
     slo_itl_s: float | None
     plot: Path | None = None  # the study's PNG
+    experts: int | None = None  # a CoE bundle's
+    skew: float = 1.0
 
     def streams(self, prompt_tokens: int, output_tokens: int) -> list[list[Arrival]]:
-        """The requests: the trace's, or a Poisson stream of these lengths per rate."""
+        """The requests: the trace's, or a Poisson stream of these lengths per rate;
+        for a bundle, each with its expert (drawn from the seed after the arrivals')."""
         if self.trace is not None:
-            return [read_trace(self.trace)]
-        return [
-            poisson(rate, self.requests, prompt_tokens, output_tokens, self.seed)
-            for rate in self.rates
-        ]
+            out = [read_trace(self.trace)]
+        else:
+            out = [
+                poisson(rate, self.requests, prompt_tokens, output_tokens, self.seed)
+                for rate in self.rates
+            ]
+        if self.experts is None:
+            return out
+        names = expert_names(self.experts)
+        return [assign_experts(arrivals, names, self.skew, self.seed + 1) for arrivals in out]
+
+    def bundle(self, model: str) -> BundleSetting | None:
+        """The bundle of --experts of `model` (its router too), or None."""
+        if self.experts is None:
+            return None
+        return BundleSetting(self.experts, model, model)
 
 
 def stream_options(
@@ -118,6 +148,8 @@ def stream_options(
     slo_ttft_ms: SloTtftOpt = None,
     slo_itl_ms: SloItlOpt = None,
     plot: PlotOpt = None,
+    experts: ExpertsOpt = None,
+    skew: SkewOpt = None,
 ) -> StreamOptions | None:
     """The stream options; None without --arrivals or --trace (where a stream option
     given anyway is refused: it would be ignored)."""
@@ -126,13 +158,15 @@ def stream_options(
     if trace is not None and rate is not None:
         raise InvalidRequest("--rate is --arrivals': a trace's requests arrive when it says")
     if arrivals is None and trace is None:
-        given = (rate, policy, max_batch, chunk_tokens, slo_ttft_ms, slo_itl_ms, plot)
-        if any(g is not None for g in given):
+        given = (rate, policy, max_batch, chunk_tokens, slo_ttft_ms, slo_itl_ms, plot, experts)
+        if any(g is not None for g in given) or skew is not None:
             raise InvalidRequest(
-                "--rate, --policy, --max-batch, --chunk-tokens, the SLOs and --plot are a "
-                "stream's: they need --arrivals or --trace"
+                "--rate, --policy, --max-batch, --chunk-tokens, the SLOs, --plot and "
+                "--experts are a stream's: they need --arrivals or --trace"
             )
         return None
+    if skew is not None and experts is None:
+        raise InvalidRequest("--skew is --experts': the popularity of a bundle's experts")
     if chunk_tokens is not None and policy is not Policy.CHUNKED:
         raise InvalidRequest("--chunk-tokens is --policy chunked-prefill's")
     if arrivals is not None and rate is None:
@@ -152,6 +186,8 @@ def stream_options(
         None if slo_ttft_ms is None else slo_ttft_ms / 1e3,
         None if slo_itl_ms is None else slo_itl_ms / 1e3,
         plot,
+        experts,
+        1.0 if skew is None else skew,
     )
 
 

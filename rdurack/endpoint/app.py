@@ -2,7 +2,9 @@
 (streamed as server-sent events, or not), `/metrics` for Prometheus and `/health` for
 probes, on FastAPI.
 
-Every request goes to its model's engine (endpoint/engine.py); its tokens come back as
+Every request goes to its model's engine (endpoint/engine.py; a CoE bundle's experts,
+and the bundle whose router picks one, share the bundle's: endpoint/models.py, and the
+expert that served it is the `x-rdurack-expert` header); its tokens come back as
 the engine's iterations produce them, and `usage` reports the emulated timings. Errors
 are OpenAI's error body with the status an OpenAI client expects: 400 for a bad field
 (named) or a prompt that can never fit, 404 for an unknown model, 429 with Retry-After
@@ -30,8 +32,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from rdurack.endpoint.auth import Gate
-from rdurack.endpoint.engine import Engine, Handle, QueueFull, Token, Unavailable
+from rdurack.endpoint.engine import Engine, QueueFull, Token, Unavailable
 from rdurack.endpoint.metrics import EndpointMetrics
+from rdurack.endpoint.models import Models, Served
 from rdurack.endpoint.protocol import (
     ChatRequest,
     CompletionRequest,
@@ -44,13 +47,16 @@ from rdurack.errors import UnknownName
 from rdurack.workloads.serving.stream.scheduler import Refused
 
 OWNER = "rdurack"
+EXPERT_HEADER = "x-rdurack-expert"  # a bundle's request: the expert that served it
 
 
 def create_app(
     engines: dict[str, Engine], metrics: EndpointMetrics | None = None, gate: Gate | None = None
 ) -> FastAPI:
-    """An app serving `engines` by model name; it starts and stops them with itself.
-    `gate`: who may call and which models (default: everyone, every model)."""
+    """An app serving `engines` by model name (a bundle's, by its experts' too); it
+    starts and stops them with itself. `gate`: who may call and which models (default:
+    everyone, every model)."""
+    served = Models(engines)
     access = gate or Gate.open()
     watched = metrics or EndpointMetrics()
     for engine in engines.values():
@@ -70,35 +76,29 @@ def create_app(
     _errors(app)
     created = int(time.time())
 
-    def engine_of(name: str) -> Engine:
-        if name not in engines:
-            raise UnknownName("model", name, sorted(engines))
-        return engines[name]
-
     @app.get("/v1/models")
     async def models(request: Request) -> dict[str, Any]:
-        mine = [_model(m, created) for m in engines if access.may_use(request, m)]
+        mine = [_model(m, created) for m in served.names if access.may_use(request, m)]
         return {"object": "list", "data": mine}
 
     @app.get("/v1/models/{name}")
     async def one_model(name: str) -> dict[str, Any]:
-        engine_of(name)
+        served.engine_of(name)
         return _model(name, created)
 
     @app.post("/v1/completions", response_model=None)
     async def completions(body: CompletionRequest, request: Request) -> Response | dict[str, Any]:
         prompt = body.text()
-        engine = engine_of(body.model)
-        handle = engine.submit(count_tokens(prompt), body.limit(), request.state.received)
-        return await _serve(Reply(engine, body, handle, seed_of(prompt, body.seed), False))
+        limit, received = body.limit(), request.state.received
+        run = served.submit(body.model, prompt, count_tokens(prompt), limit, received)
+        return await _serve(Reply(run, body, seed_of(prompt, body.seed), False))
 
     @app.post("/v1/chat/completions", response_model=None)
     async def chat(body: ChatRequest, request: Request) -> Response | dict[str, Any]:
         texts = [m.text() for m in body.messages]
-        engine = engine_of(body.model)
-        handle = engine.submit(chat_tokens(texts), body.limit(), request.state.received)
-        seed = seed_of("\n".join(texts), body.seed)
-        return await _serve(Reply(engine, body, handle, seed, True))
+        prompt, limit, received = "\n".join(texts), body.limit(), request.state.received
+        run = served.submit(body.model, prompt, chat_tokens(texts), limit, received)
+        return await _serve(Reply(run, body, seed_of(prompt, body.seed), True))
 
     @app.get("/metrics")
     async def scrape() -> Response:
@@ -136,8 +136,9 @@ def _model(name: str, created: int) -> dict[str, Any]:
 class Reply:
     """What goes back for one request: its text so far, its tokens, its usage."""
 
-    def __init__(self, engine: Engine, body: Sampling, handle: Handle, seed: int, chat: bool):
-        self.engine, self.body, self.handle, self.chat = engine, body, handle, chat
+    def __init__(self, run: Served, body: Sampling, seed: int, chat: bool):
+        self.engine, self.handle, self.expert = run.engine, run.handle, run.expert
+        self.body, self.chat = body, chat
         self.text = Text(seed, body.stops())
         self.tokens: list[Token] = []
         self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
@@ -205,15 +206,17 @@ class Reply:
 async def _serve(reply: Reply) -> Response | dict[str, Any]:
     """The reply streamed as server-sent events, or whole when its last token is out."""
     engine, handle = reply.engine, reply.handle
+    headers = {EXPERT_HEADER: reply.expert} if reply.expert else None
     if reply.body.stream:
-        return StreamingResponse(_events(reply), media_type="text/event-stream")
+        return StreamingResponse(_events(reply), media_type="text/event-stream", headers=headers)
     try:
         while await reply.next() is not None:
             pass  # the text gathers in reply.text
     finally:
         engine.cancel(handle)  # the client gone mid-wait: its slot and cache freed
     out = reply.envelope([reply.choice(reply.text.text, reply.finish_reason, False)], False)
-    return {**out, "usage": reply.usage().model_dump()}
+    body = {**out, "usage": reply.usage().model_dump()}
+    return body if headers is None else JSONResponse(body, headers=headers)
 
 
 async def _events(reply: Reply) -> AsyncIterator[str]:

@@ -158,11 +158,17 @@ class Engine:
         return max(self.clock_s, (time.monotonic() - self._wall0) / self.time_scale)
 
     def submit(
-        self, prompt_tokens: int, output_tokens: int, received: float | None = None
+        self,
+        prompt_tokens: int,
+        output_tokens: int,
+        received: float | None = None,
+        expert: str = "",
+        routed: bool = False,
     ) -> Handle:
         """Queue a request; Refused if it could never fit, QueueFull at the bound.
         `received`: when the server got it (time.monotonic()), so that parsing it is not
-        counted as emulated waiting; default now."""
+        counted as emulated waiting; default now. Of a bundle: its `expert`, and
+        whether the router chose it (`routed`)."""
         if self._down is not None:
             failure, since = self._down
             if time.monotonic() - since < UNAVAILABLE_FOR_S:
@@ -180,7 +186,7 @@ class Engine:
         # chose while the server parsed it): it arrives just after, as the predictor's
         # replay, which admits what arrived by each start, would have it.
         at = max(at, math.nextafter(self._decided_s, math.inf))
-        arrival = Arrival(self._next, at, prompt_tokens, output_tokens)
+        arrival = Arrival(self._next, at, prompt_tokens, output_tokens, expert, routed)
         self.scheduler.refuse(arrival)  # before anything is held
         self._pending.append(arrival)
         self._next += 1

@@ -52,12 +52,21 @@ def engines(
     time_scale: float = 1.0,
     max_waiting: int = DEFAULT_MAX_WAITING,
     rack: grpc.Channel | None = None,
+    bundle: StreamSetting | None = None,
 ) -> dict[str, Engine]:
-    """An engine per model name, each set as `setting` says but for its model; with
-    `rack` (a channel to its orchestrator), its iterations run on the rack's sockets."""
+    """An engine per model name, each set as `setting` says but for its model, and one
+    for the `bundle` if given (a CoE bundle's setting); with `rack` (a channel to its
+    orchestrator), its iterations run on the rack's sockets."""
+    if bundle is not None and rack is not None:
+        raise InvalidRequest(
+            "a CoE bundle is served priced in this process: not yet on a rack's sockets "
+            "(drop --rack, or serve preset models there)"
+        )
     out = {}
-    for name in names:
-        pricer, scheduler = prepare(p, replace(setting, model=name), models)
+    settings = [replace(setting, model=name) for name in names]
+    for one in [*settings, *([bundle] if bundle is not None else [])]:
+        name = one.model
+        pricer, scheduler = prepare(p, one, models)
         if rack is None:
             out[name] = Engine(name, scheduler, pricer, priced(pricer), time_scale, max_waiting)
             continue

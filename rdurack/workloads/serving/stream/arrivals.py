@@ -31,12 +31,16 @@ SERVINGSIM_FIELDS = ("input_toks", "output_toks", "arrival_time_ns")
 
 @dataclass(frozen=True, slots=True)
 class Arrival:
-    """One request: its index in the stream, its arrival (emulated s), its lengths."""
+    """One request: its index in the stream, its arrival (emulated s), its lengths; of
+    a CoE bundle (serving/stream/bundle.py), its expert, and whether the router chose it
+    (its prompt's prefill on the router is priced)."""
 
     index: int
     at_s: float
     prompt_tokens: int
     output_tokens: int
+    expert: str = ""  # "": the model's only weights
+    routed: bool = False
 
 
 def poisson(

@@ -18,6 +18,7 @@ from rdurack.rack.models import ExpertMapping, ModelSpec
 from rdurack.rack.timing import tp_group
 from rdurack.workloads.predictor import Predictor
 from rdurack.workloads.serving.stream.arrivals import Arrival
+from rdurack.workloads.serving.stream.bundle import Bundle, BundleSetting
 from rdurack.workloads.serving.stream.pricing import Pricer, kv_budget_tokens
 from rdurack.workloads.serving.stream.report import StreamReport, summarize
 from rdurack.workloads.serving.stream.scheduler import (
@@ -45,19 +46,28 @@ class StreamSetting:
     expert_mapping: ExpertMapping | None = None
     slo_ttft_s: float | None = None
     slo_itl_s: float | None = None
+    bundle: BundleSetting | None = None  # a CoE bundle's experts: `model` is its name
 
 
 def prepare(
     p: Predictor, setting: StreamSetting, models: dict[str, ModelSpec]
 ) -> tuple[Pricer, Scheduler]:
     """The model of `setting` on its sockets: what prices its iterations, and its
-    scheduler (its KV budget what the sockets hold beside the weights)."""
+    scheduler (its KV budget what the sockets hold beside the weights). A bundle runs on
+    one node: by default all its sockets."""
+    plan = setting.plan or p.default_decode_plan()
+    if setting.bundle is not None:
+        sockets = setting.sockets or p.platform.node.sockets
+        b = Bundle(p, setting.bundle, models, sockets, setting.max_batch)
+        scheduler = Scheduler(
+            setting.policy, setting.max_batch, b.kv_budget_tokens, setting.chunk_tokens, b.region()
+        )
+        return Pricer(p, b.expert, sockets, plan, b), scheduler
     if setting.model not in models:
         raise UnknownName("model", setting.model, sorted(models))
     model = models[setting.model].placed(setting.expert_mapping)
     sockets = p.platform.sockets if setting.sockets is None else setting.sockets
     tp_group(p.platform, sockets)  # a socket count the platform has
-    plan = setting.plan or p.default_decode_plan()
     budget = kv_budget_tokens(p, model, sockets)
     scheduler = Scheduler(setting.policy, setting.max_batch, budget, setting.chunk_tokens)
     return Pricer(p, model, sockets, plan), scheduler
@@ -106,10 +116,11 @@ def replay(
         setting.slo_ttft_s,
         setting.slo_itl_s,
         platform=p.platform.name,
-        model=pricer.model.name,
+        model=setting.model if setting.bundle else pricer.model.name,
         num_sockets=pricer.sockets,
         policy=setting.policy.value,
         max_batch=setting.max_batch,
         chunk_tokens=setting.chunk_tokens if setting.policy is Policy.CHUNKED else None,
         kv_budget_tokens=scheduler.kv_budget_tokens,
+        switches=scheduler.switches if setting.bundle else None,
     )

@@ -50,6 +50,7 @@ class StreamReport(Config):
     max_batch: int = 0
     chunk_tokens: int | None = None  # chunked prefill's new tokens per iteration
     kv_budget_tokens: int = 0  # the KV cache the sockets hold beside the weights
+    switches: int | None = None  # a bundle's: iterations that switched an expert in
     requests: int = 0  # served
     refused: int = 0  # could never fit (see `refusals`)
     refusals: tuple[str, ...] = ()  # the first few reasons, one line each

@@ -20,6 +20,15 @@ Policies:
   prompts being prefilled (first come, first served), then of newly admitted ones. A
   prompt's last chunk yields its first token. Decodes never wait for a whole prompt.
 
+Experts (a CoE bundle: serving/stream/bundle.py): a batch is one expert's, since
+experts do not share weights. When nothing runs, the head of the queue picks the expert,
+and every waiting request of that expert is admitted (in order, as slots and KV cache
+allow); while it runs, a request joins only from the head of the queue, so once a
+request of another expert waits the batch drains and that expert is next (first come,
+first served between experts; no expert waits behind a busy one for long). An
+iteration whose expert is not in the HBM region first switches it in (`switch`). A
+model that is not a bundle has one expert, "", and is batched as above.
+
 Admission reserves a request's whole KV cache (prompt and output tokens) when it
 starts, so a running request never runs out of HBM and nothing is preempted; a request
 waits (first come, first served) while its cache does not fit beside the running ones,
@@ -30,10 +39,11 @@ numbers.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 from rdurack.errors import InvalidRequest
+from rdurack.rack.residency import ResidencyManager
 from rdurack.workloads.serving.stream.arrivals import Arrival
 
 
@@ -82,11 +92,14 @@ class Running:
 class Iteration:
     """One pass over the model: the prompt tokens it prefills (a request and how many
     of its prompt's tokens, from its `prefilled`), the requests it decodes one token
-    for, and static batching's done requests, computed all the same (`padding`)."""
+    for, and static batching's done requests, computed all the same (`padding`); of a
+    bundle, the expert it runs and whether it first switches it into HBM."""
 
     prefill: tuple[tuple[Running, int], ...] = ()
     decode: tuple[Running, ...] = ()
     padding: tuple[Running, ...] = ()
+    expert: str = ""
+    switch: bool = False
 
     @property
     def batch(self) -> int:
@@ -106,9 +119,11 @@ class Scheduler:
         max_batch: int,
         kv_budget_tokens: int,
         chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+        region: ResidencyManager | None = None,
     ) -> None:
         """`kv_budget_tokens`: the KV-cache tokens the sockets hold beside the weights;
-        `chunk_tokens`: a chunked-prefill iteration's new tokens, at most."""
+        `chunk_tokens`: a chunked-prefill iteration's new tokens, at most; `region`: a
+        bundle's experts in HBM (None: one model, always there)."""
         if max_batch <= 0 or chunk_tokens <= 0:
             raise InvalidRequest(
                 f"max batch and chunk tokens must be positive, got {max_batch}, {chunk_tokens}"
@@ -117,6 +132,8 @@ class Scheduler:
         if kv_budget_tokens <= 0:
             raise InvalidRequest("the model leaves no HBM for a KV cache on these sockets")
         self.policy = policy
+        self.region = region
+        self.switches = 0  # iterations that switched an expert in
         self.max_batch = max_batch
         self.kv_budget_tokens = kv_budget_tokens
         self.waiting: deque[Arrival] = deque()
@@ -149,6 +166,17 @@ class Scheduler:
         """The next iteration from `now_s`, admitting what the policy lets in; None when
         nothing can run (no request, or every waiting one blocked on memory while
         nothing runs, which `arrive` rules out)."""
+        it = self._next(now_s)
+        if it is None or not self.running:
+            return it
+        expert = self.running[0].arrival.expert  # the batch's, one expert
+        if self.region is None:
+            return replace(it, expert=expert)
+        switch = not self.region.ensure(expert).hit
+        self.switches += switch
+        return replace(it, expert=expert, switch=switch)
+
+    def _next(self, now_s: float) -> Iteration | None:
         if self.policy is Policy.CHUNKED:
             return self._chunked(now_s)
         if self.policy is Policy.STATIC and self.running:
@@ -161,6 +189,7 @@ class Scheduler:
 
     def _chunked(self, now_s: float) -> Iteration | None:
         """Decode steps first, then chunks of prompts under way, then of new ones."""
+        gather = not self.running
         decode = tuple(r for r in self.running if r.decoding)
         budget = self.chunk_tokens - len(decode)
         chunks: list[tuple[Running, int]] = []
@@ -170,7 +199,7 @@ class Scheduler:
             n = min(under_way.arrival.prompt_tokens - under_way.prefilled, budget)
             chunks.append((under_way, n))
             budget -= n
-        while budget > 0 and (new := self._admit_one(now_s)) is not None:
+        while budget > 0 and (new := self._admit_one(now_s, gather)) is not None:
             n = min(new.arrival.prompt_tokens, budget)
             chunks.append((new, n))
             budget -= n
@@ -180,20 +209,35 @@ class Scheduler:
 
     def _admit(self, now_s: float) -> list[Running]:
         """Every waiting request that can start now, first come first served."""
+        gather = not self.running
         admitted: list[Running] = []
-        while (r := self._admit_one(now_s)) is not None:
+        while (r := self._admit_one(now_s, gather)) is not None:
             admitted.append(r)
         return admitted
 
-    def _admit_one(self, now_s: float) -> Running | None:
-        """The head of the queue, started, if a slot and its KV cache are free."""
+    def _admit_one(self, now_s: float, gather: bool) -> Running | None:
+        """The next request of the batch's expert, started, if a slot and its KV cache
+        are free: the head of the queue, or (`gather`: the batch starts in this
+        iteration) the first waiting request of the head's expert."""
         if not self.waiting or len(self.running) >= self.max_batch:
             return None
         head = self.waiting[0]
-        if head.prompt_tokens + head.output_tokens > self.kv_budget_tokens - self.reserved_tokens:
+        pick: Arrival | None = head
+        if self.running:
+            expert = self.running[0].arrival.expert
+            if gather:
+                pick = next((a for a in self.waiting if a.expert == expert), None)
+            elif head.expert != expert:
+                pick = None
+        if pick is None:
             return None
-        self.waiting.popleft()
-        r = Running(head, now_s)
+        if pick.prompt_tokens + pick.output_tokens > self.kv_budget_tokens - self.reserved_tokens:
+            return None
+        if pick is head:
+            self.waiting.popleft()
+        else:
+            self.waiting.remove(pick)
+        r = Running(pick, now_s)
         self.running.append(r)
         return r
 
