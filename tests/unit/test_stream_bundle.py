@@ -21,7 +21,7 @@ from rdurack.workloads.serving.stream.bundle import (
 )
 from rdurack.workloads.serving.stream.pricing import Pricer
 from rdurack.workloads.serving.stream.replay import StreamSetting, prepare, replay
-from rdurack.workloads.serving.stream.scheduler import Policy, Scheduler
+from rdurack.workloads.serving.stream.scheduler import Policy, Refused, Scheduler
 from tests.support.cli import rdu, rdu_json
 
 RACK = Predictor(platform("sn40l-rack16"))
@@ -48,7 +48,7 @@ def test_the_bundle_holds_what_a_coe_job_deploys() -> None:
 
 
 def test_a_batch_is_one_experts_and_a_new_expert_is_switched_in() -> None:
-    pricer, s = _bundle()
+    _, s = _bundle()
     for a in [_a(0, "coding-python"), _a(1, "math-algebra"), _a(2, "coding-python")]:
         s.arrive(a)
     first = s.next(0.0)
@@ -118,6 +118,13 @@ def test_one_popular_expert_switches_once_and_many_switch_often() -> None:
     many = replay(RACK, SETTING, assign_experts(arrivals, names, 0.0, 3), MODELS)
     assert many.switches is not None and many.switches > 50
     assert many.ttft_s.p50 > one.ttft_s.p50
+
+
+def test_a_request_over_the_experts_context_window_is_refused() -> None:
+    _, s = _bundle()
+    s.arrive(Arrival(0, 0.0, 4000, 96, "coding-python"))  # 4,096: the window, whole
+    with pytest.raises(Refused, match="4097 tokens exceed the model's context window of 4096"):
+        s.arrive(Arrival(1, 0.0, 4000, 97, "coding-python"))
 
 
 def test_a_bundle_that_does_not_fit_is_refused_with_the_numbers() -> None:

@@ -90,15 +90,19 @@ def test_the_bundle_routes_and_times_as_the_predictor_replays() -> None:
     assert want.switches is not None and want.switches >= 4
 
 
-def test_an_unknown_model_names_the_bundle_and_where_its_experts_are() -> None:
+def test_an_unknown_model_and_a_prompt_over_the_window_get_one_line() -> None:
     app, _ = _serve([])
     with in_thread(app, free_port()) as url:
         r = httpx.post(f"{url}/v1/completions", json={"model": "nope", "prompt": "x"})
         one = httpx.get(f"{url}/v1/models/coding-python")
+        body = {"model": "coding-python", "prompt": "word " * 4000, "max_tokens": 200}
+        long = httpx.post(f"{url}/v1/completions", json=body)
     assert r.status_code == 404
     message = r.json()["error"]["message"]
     assert "\n" not in message and f"{BUNDLE_NAME}'s experts (GET /v1/models)" in message
     assert one.status_code == 200 and one.json()["id"] == "coding-python"
+    assert long.status_code == 400
+    assert "context window of 4096 tokens" in long.json()["error"]["message"]
 
 
 def test_a_bundle_is_not_yet_served_on_a_racks_sockets() -> None:

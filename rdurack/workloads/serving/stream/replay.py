@@ -18,7 +18,7 @@ from rdurack.rack.models import ExpertMapping, ModelSpec
 from rdurack.rack.timing import tp_group
 from rdurack.workloads.predictor import Predictor
 from rdurack.workloads.serving.stream.arrivals import Arrival
-from rdurack.workloads.serving.stream.bundle import Bundle, BundleSetting
+from rdurack.workloads.serving.stream.bundle import CONTEXT_TOKENS, Bundle, BundleSetting
 from rdurack.workloads.serving.stream.pricing import Pricer, kv_budget_tokens
 from rdurack.workloads.serving.stream.report import StreamReport, summarize
 from rdurack.workloads.serving.stream.scheduler import (
@@ -60,7 +60,12 @@ def prepare(
         sockets = setting.sockets or p.platform.node.sockets
         b = Bundle(p, setting.bundle, models, sockets, setting.max_batch)
         scheduler = Scheduler(
-            setting.policy, setting.max_batch, b.kv_budget_tokens, setting.chunk_tokens, b.region()
+            setting.policy,
+            setting.max_batch,
+            b.kv_budget_tokens,
+            setting.chunk_tokens,
+            b.region(),
+            CONTEXT_TOKENS,
         )
         return Pricer(p, b.expert, sockets, plan, b), scheduler
     if setting.model not in models:

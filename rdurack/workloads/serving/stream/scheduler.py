@@ -120,10 +120,12 @@ class Scheduler:
         kv_budget_tokens: int,
         chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
         region: ResidencyManager | None = None,
+        context: int | None = None,
     ) -> None:
         """`kv_budget_tokens`: the KV-cache tokens the sockets hold beside the weights;
         `chunk_tokens`: a chunked-prefill iteration's new tokens, at most; `region`: a
-        bundle's experts in HBM (None: one model, always there)."""
+        bundle's experts in HBM (None: one model, always there); `context`: the tokens a
+        request may have, prompt and output (None: as many as the KV budget holds)."""
         if max_batch <= 0 or chunk_tokens <= 0:
             raise InvalidRequest(
                 f"max batch and chunk tokens must be positive, got {max_batch}, {chunk_tokens}"
@@ -133,6 +135,7 @@ class Scheduler:
             raise InvalidRequest("the model leaves no HBM for a KV cache on these sockets")
         self.policy = policy
         self.region = region
+        self.context = context
         self.switches = 0  # iterations that switched an expert in
         self.max_batch = max_batch
         self.kv_budget_tokens = kv_budget_tokens
@@ -155,6 +158,11 @@ class Scheduler:
     def refuse(self, a: Arrival) -> None:
         """Refused if the request could never fit, whatever else runs."""
         need = a.prompt_tokens + a.output_tokens
+        if self.context is not None and need > self.context:
+            raise Refused(
+                f"request {a.index}: {a.prompt_tokens} prompt + {a.output_tokens} output = "
+                f"{need} tokens exceed the model's context window of {self.context} tokens"
+            )
         if need > self.kv_budget_tokens:
             raise Refused(
                 f"request {a.index}: its KV cache ({a.prompt_tokens} prompt + "
