@@ -162,7 +162,7 @@ class RackModel:
                     f"{self.model}: endpoint job {job.id} is "
                     f"{common_pb2.JobState.Name(job.state).removeprefix('JOB_STATE_').lower()}; "
                     "waiting up to "
-                    f"{self.hold_timeout_s:g} s for its {self.pricer.sockets} socket(s)"
+                    f"{self.hold_timeout_s:.0f} s for its {self.pricer.sockets} socket(s)"
                 )
                 said = True
             if job.state in TERMINAL:
@@ -171,7 +171,7 @@ class RackModel:
             if time.monotonic() > deadline:
                 self.release(job.id)
                 raise Unavailable(
-                    f"{self.model}: its endpoint job {job.id} waited {self.hold_timeout_s:g} s "
+                    f"{self.model}: its endpoint job {job.id} waited {self.hold_timeout_s:.0f} s "
                     f"for {self.pricer.sockets} sockets; are other jobs holding them?"
                 )
             job = self._next_state(job.id)

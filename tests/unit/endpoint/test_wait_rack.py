@@ -97,6 +97,21 @@ def test_a_rack_that_never_answers_ends_the_wait_naming_it_and_the_last_error() 
     assert len(said) == 1 and said[0].startswith("waiting up to 10 s for the orchestrator")
 
 
+def test_a_ca_that_is_not_the_racks_is_waited_for_and_named(
+    tmp_path: Path, rack_certs: RackCerts
+) -> None:
+    """gRPC reports a failed TLS handshake as UNAVAILABLE, as it does a server that is
+    down: it is waited for (a pod's Secret may be replaced meanwhile), and the error
+    says what the handshake met."""
+    clock = FakeClock()
+    with orchestrator(tmp_path / "jobs.sqlite", tls=rack_certs.member) as (_, server):
+        wrong = TlsConfig(ca_file=rack_certs.foreign.ca_file)
+        with pytest.raises(RackNotReached) as e:
+            reach(lambda: channel(server.address, tls=wrong), server.address, 5.0,
+                  lambda _: None, clock, clock.advance)  # fmt: skip
+    assert "handshake failed" in str(e.value).lower(), e.value
+
+
 def test_without_a_wait_a_missing_orchestrator_fails_at_once() -> None:
     address = f"127.0.0.1:{free_port()}"
     said: list[str] = []
