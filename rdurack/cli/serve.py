@@ -142,11 +142,13 @@ def serve_cmd(
     served = engines(p, names, setting, known, time_scale, max_waiting, channel)
     if wait_rack:
         # What is left of the wait goes to holding the sockets (a rack whose node agents
-        # are still starting), never less than a hold's own bound.
+        # are still starting, an orchestrator restarting), never less than a hold's own
+        # bound.
         left = wait_rack - (time.monotonic() - started)
         for held in on_rack(served):
             held.hold_timeout_s = max(held.hold_timeout_s, left)
             held.say = say
+            held.patient = True
     gate = Gate(auth, {name: per_model for name in names})
     scheme = "https" if tls else "http"
     where = f" of the rack at {to.address}" if rack else ""

@@ -20,8 +20,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
+import uuid
 from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 import grpc
 
@@ -34,6 +37,8 @@ from rdurack.workloads.serving.stream.scheduler import Scheduler
 
 # How long an endpoint job may wait for its sockets, wall s (other jobs may hold them).
 HOLD_TIMEOUT_S = 60.0
+# A patient hold asks the orchestrator again this long after it did not answer, wall s.
+HOLD_RETRY_S = 0.5
 # A job not running after this long is waiting for its sockets: worth a line, wall s.
 SAY_AFTER_S = 1.0
 # A pass's call, wall s: a pass is milliseconds to seconds of emulated time, and the
@@ -50,6 +55,7 @@ REACH_PAUSES_S = (0.25, 2.0)
 # The orchestrator is not (yet) there, or too busy to answer in time: worth asking again.
 # Anything else (a bad token, a refused argument) would answer the same way again.
 NOT_YET = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
+T = TypeVar("T")
 TERMINAL = {
     common_pb2.JOB_STATE_SUCCEEDED,
     common_pb2.JOB_STATE_FAILED,
@@ -120,8 +126,8 @@ def _quiet(line: str) -> None:
 
 class RackModel:
     """One model of the endpoint on the rack's sockets: an executor of its engine.
-    `hold_timeout_s` and `say` (a line when its job waits for sockets) may be set after
-    it is built: `rdu serve --wait-rack` gives its hold the rest of its wait."""
+    `hold_timeout_s`, `say` (a line when its job waits) and `patient` (`hold`) may be
+    set after it is built: `rdu serve --wait-rack` gives its hold the rest of its wait."""
 
     def __init__(
         self,
@@ -138,6 +144,7 @@ class RackModel:
         self.scheduler = scheduler
         self.hold_timeout_s = hold_timeout_s
         self.say = say
+        self.patient = False
         self.job_id: str | None = None
 
     @property
@@ -145,15 +152,27 @@ class RackModel:
         return self.pricer.model.name
 
     def hold(self) -> str:
-        """Submit the model's endpoint job and wait until it runs; its id."""
+        """Submit the model's endpoint job and wait until it runs; its id. `patient`:
+        while the orchestrator does not answer (restarting), ask again until the hold's
+        bound (the endpoint's start, `rdu serve --wait-rack`)."""
+        return self._hold(self.patient)
+
+    def _hold(self, patient: bool) -> str:
+        # An idempotency key: a submission sent again after its answer was lost is the
+        # same job, not a second one holding sockets no one releases.
         spec = job_pb2.JobSpec(
             name=f"rdu serve {self.model}",
             platform=self.platform,
             endpoint=job_pb2.EndpointJob(model=self.model, num_sockets=self.pricer.sockets),
+            client_request_id=uuid.uuid4().hex,
         )
-        job = self.jobs.SubmitJob(job_pb2.SubmitJobRequest(spec=spec), timeout=PASS_TIMEOUT_S).job
         submitted = time.monotonic()
         deadline = submitted + self.hold_timeout_s
+        ask = functools.partial(self._answered, deadline if patient else submitted)
+        submit = functools.partial(
+            self.jobs.SubmitJob, job_pb2.SubmitJobRequest(spec=spec), timeout=PASS_TIMEOUT_S
+        )
+        job = ask(submit).job
         said = False
         while job.state != common_pb2.JOB_STATE_RUNNING:
             if not said and time.monotonic() - submitted > SAY_AFTER_S:
@@ -174,9 +193,30 @@ class RackModel:
                     f"{self.model}: its endpoint job {job.id} waited {self.hold_timeout_s:.0f} s "
                     f"for {self.pricer.sockets} sockets; are other jobs holding them?"
                 )
-            job = self._next_state(job.id)
+            job = ask(functools.partial(self._next_state, job.id))
         self.job_id = job.id
         return job.id
+
+    def _answered(self, deadline: float, call: Callable[[], T]) -> T:
+        """`call()`, asked again while the orchestrator does not answer, until `deadline`
+        (monotonic s); saying so once."""
+        said = False
+        while True:
+            try:
+                return call()
+            except grpc.RpcError as e:
+                code = e.code() if isinstance(e, grpc.Call) else None
+                if code not in NOT_YET or time.monotonic() + HOLD_RETRY_S > deadline:
+                    raise
+                if not said:
+                    left = deadline - time.monotonic()
+                    name = code.name if code else "error"
+                    self.say(
+                        f"{self.model}: the orchestrator did not answer ({name}); asking "
+                        f"again for up to {left:.0f} s"
+                    )
+                    said = True
+            time.sleep(HOLD_RETRY_S)
 
     def _next_state(self, job_id: str) -> job_pb2.Job:
         """The job after its next event (WatchJob), or as it is after a short wait."""
@@ -213,7 +253,8 @@ class RackModel:
 
     def _run(self, request: job_pb2.RunPassesRequest) -> list[float]:
         try:
-            request.job_id = self.job_id or self.hold()
+            # Impatient: a rack that does not answer is a 503 at once, not a wait.
+            request.job_id = self.job_id or self._hold(False)
             reply = self.jobs.RunPasses(request, timeout=PASS_TIMEOUT_S)
         except grpc.RpcError as e:
             self._forget_if_ended()

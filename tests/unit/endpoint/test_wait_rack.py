@@ -215,3 +215,46 @@ def test_rdu_serve_started_before_its_rack_serves_on_it_once_it_is_up(
     assert f"the orchestrator at {address} answered after" in text
     assert f"on 1 sn40l-rack16 sockets each of the rack at {address}" in text
     assert "Traceback" not in text
+
+
+def test_a_patient_hold_rides_over_an_orchestrator_that_stops_answering(tmp_path: Path) -> None:
+    """The orchestrator's API goes away while an endpoint job waits for sockets (a
+    restart, as the endpoint starts); the hold asks again, gets the same job once it
+    answers, and submits no second one."""
+    port = free_port()
+    address = f"127.0.0.1:{port}"
+    with orchestrator(tmp_path / "jobs.sqlite", port) as (o, server), channel(address) as ch:
+        first, second, third = [
+            on_rack(engines(Predictor(RACK), [MODEL], SETTING, builtin_models(), rack=ch))[0]
+            for _ in range(3)
+        ]
+        first.hold()
+        second.hold()
+        said: list[str] = []
+        third.say, third.patient = said.append, True
+        with ThreadPoolExecutor(1) as pool:
+            holding = pool.submit(third.hold)
+            until(lambda: said, "the third says it waits", 30)
+            server.stop(0)
+            until(lambda: len(said) > 1, "the third says the orchestrator is away", 30)
+            assert said[1].startswith(f"{MODEL}: the orchestrator did not answer (UNAVAILABLE)")
+            assert first.job_id is not None
+            o.cancel(first.job_id)  # its sockets are free while the API is away
+            back = serve_api(o, port=port)
+            try:
+                job_id = holding.result(timeout=90)
+            finally:
+                back.stop(0)
+        assert o.get(job_id).state is JobState.RUNNING
+        assert len(o.jobs()) == 3  # the first, the second, and the third's one job
+
+
+def test_an_impatient_hold_fails_at_once(tmp_path: Path) -> None:
+    """Without --wait-rack (and when the engine submits its job again mid-serving, where
+    a client is waiting for a 503), an orchestrator that does not answer is an error."""
+    with orchestrator(tmp_path / "jobs.sqlite") as (_, server), channel(server.address) as ch:
+        (model,) = on_rack(engines(Predictor(RACK), [MODEL], SETTING, builtin_models(), rack=ch))
+        server.stop(0)
+        with pytest.raises(grpc.RpcError) as e:
+            model.hold()
+        assert isinstance(e.value, grpc.Call) and e.value.code() == grpc.StatusCode.UNAVAILABLE
