@@ -12,6 +12,10 @@ INSTALL_STAMP := $(VENV)/.installed
 # k8s/overlays/<OVERLAY>: dev (1 node x 2 sockets) or rack16 (2 nodes x 8 sockets)
 OVERLAY ?= dev
 KUBECTL ?= kubectl
+# make k8s-secrets: where it writes the certificates and tokens it puts in the Secrets,
+# and the tenant of the endpoint's own token (its endpoint jobs belong to it).
+K8S_BUILD ?= build
+ENDPOINT_TENANT ?= rdurack-endpoint
 PROTO_STAMP := $(GEN_DIR)/.generated
 # Ray must stay on loopback and must not phone home; see README "Ray on this machine".
 # protoc finds the mypy plugins on PATH.
@@ -75,12 +79,20 @@ chaos: $(PROTO_STAMP) ## random faults under a mixed workload, bounded (CHAOS_S,
 k8s-render: ## print the manifests of k8s/overlays/$(OVERLAY) (OVERLAY=dev|rack16)
 	$(KUBECTL) kustomize k8s/overlays/$(OVERLAY)
 
-k8s-secrets: $(PROTO_STAMP) ## create the Secrets rdurack-tls (new certs) and rdurack-tokens (TOKENS=FILE)
+# The endpoint's own token for the orchestrator: a new one at every `make k8s-secrets`,
+# added (with its tenant) to a copy of TOKENS; TOKENS itself is not changed.
+# tests/k8s/test_secrets.py runs the target with its own K8S_BUILD and KUBECTL.
+k8s-secrets: $(PROTO_STAMP) ## create the Secrets rdurack-tls (new certs), rdurack-tokens (TOKENS=FILE and the endpoint's token) and rdurack-endpoint-token
 	$(if $(TOKENS),,$(error TOKENS=FILE: a tokens file, see README "Security"))
-	$(BIN)/rdu certs --out build/k8s-tls --host rdurack-orchestrator --host rdurack-endpoint
-	$(KUBECTL) create secret generic rdurack-tls --from-file=build/k8s-tls \
+	$(BIN)/rdu certs --out $(K8S_BUILD)/k8s-tls --host rdurack-orchestrator --host rdurack-endpoint
+	$(BIN)/rdu token --tenant $(ENDPOINT_TENANT) --add-to $(TOKENS) --out $(K8S_BUILD)/k8s-tokens
+	$(KUBECTL) create secret generic rdurack-tls --from-file=$(K8S_BUILD)/k8s-tls \
 		--dry-run=client -o yaml | $(KUBECTL) apply -f -
-	$(KUBECTL) create secret generic rdurack-tokens --from-file=tokens.yaml=$(TOKENS) \
+	$(KUBECTL) create secret generic rdurack-tokens \
+		--from-file=tokens.yaml=$(K8S_BUILD)/k8s-tokens/tokens.yaml \
+		--dry-run=client -o yaml | $(KUBECTL) apply -f -
+	$(KUBECTL) create secret generic rdurack-endpoint-token \
+		--from-file=token=$(K8S_BUILD)/k8s-tokens/token \
 		--dry-run=client -o yaml | $(KUBECTL) apply -f -
 
 k8s-apply: ## apply k8s/overlays/$(OVERLAY) to the current kubectl context

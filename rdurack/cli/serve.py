@@ -6,6 +6,7 @@ same Secrets the same way."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
@@ -17,7 +18,6 @@ from rdurack.cli.options import SpecOpt
 from rdurack.cli.predict import PlatformOpt
 from rdurack.cli.stream import DEFAULT_MAX_BATCH, ChunkTokensOpt, MaxBatchOpt, PolicyOpt
 from rdurack.client.connection import Target
-from rdurack.client.rack import RackClient
 from rdurack.errors import InvalidRequest, UnknownName
 from rdurack.rack.models import builtin_models
 from rdurack.rack.whatif import load_platform
@@ -28,6 +28,8 @@ from rdurack.workloads.serving.stream.bundle import BUNDLE_NAME, BundleSetting
 from rdurack.workloads.serving.stream.replay import StreamSetting
 from rdurack.workloads.serving.stream.scheduler import DEFAULT_CHUNK_TOKENS, Policy
 
+# --wait-rack at most: an hour; a rack not up by then is not coming without a hand.
+WAIT_RACK_MAX_S = 3600.0
 ModelsOpt = Annotated[
     list[str] | None,
     typer.Option("--model", help="a model preset to serve (repeat for several)"),
@@ -95,6 +97,16 @@ def serve_cmd(
             "job per model holds them); its platform is the rack's",
         ),
     ] = False,
+    wait_rack: Annotated[
+        float,
+        typer.Option(
+            "--wait-rack",
+            min=0,
+            max=WAIT_RACK_MAX_S,
+            help="with --rack: seconds to wait for the orchestrator to answer and then for "
+            "the models' sockets, saying so (0: ask once; a pod that may start first)",
+        ),
+    ] = 0.0,
     *,
     to: Target,
 ) -> None:
@@ -104,7 +116,8 @@ def serve_cmd(
     tokens paced at --time-scale."""
     from rdurack.endpoint.auth import Gate  # its web stack, only when serving
     from rdurack.endpoint.models import Models
-    from rdurack.endpoint.server import engines, https, serve
+    from rdurack.endpoint.rack import reach
+    from rdurack.endpoint.server import engines, https, on_rack, serve
 
     tls = https(tls_cert, tls_key)  # a bad file or flag refused before anything is built
     auth = Authenticator.from_file(tokens)
@@ -117,9 +130,15 @@ def serve_cmd(
         raise InvalidRequest(f"--model: each model once, got {names}")
     if chunk_tokens is not None and policy is not Policy.CHUNKED:
         raise InvalidRequest("--chunk-tokens is --policy chunked-prefill's")
-    channel = to.channel() if rack else None
-    if channel is not None:
-        platform = RackClient(channel).status().platform  # the rack's, whatever was given
+    if wait_rack and not rack:
+        raise InvalidRequest("--wait-rack is --rack's")
+    say = Console(stderr=True, soft_wrap=True, highlight=False).print  # a line stays a line
+    channel = None
+    started = time.monotonic()
+    if rack:
+        # The rack's platform, whatever was given; waiting for it first if asked to.
+        platform = reach(to.channel, to.address, wait_rack, say).platform
+        channel = to.channel()
     p = Predictor(load_platform(platform, spec))
     # A bundle is tensor parallel over one node (workloads/coe/bundle.py).
     on_bundle = p.platform.node.sockets if experts else 0
@@ -143,10 +162,18 @@ def serve_cmd(
         coe = replace(setting, model=BUNDLE_NAME, sockets=on_bundle)
         coe = replace(coe, bundle=BundleSetting(experts))
     served = engines(p, names, setting, known, time_scale, max_waiting, channel, coe)
+    if wait_rack:
+        # What is left of the wait goes to holding the sockets (a rack whose node agents
+        # are still starting, an orchestrator restarting), never less than a hold's own
+        # bound.
+        remaining = wait_rack - (time.monotonic() - started)
+        for held in on_rack(served):
+            held.hold_timeout_s = max(held.hold_timeout_s, remaining)
+            held.say = say
+            held.patient = True
     gate = Gate(auth, Models(served).sockets())
     scheme = "https" if tls else "http"
     where = f" of the rack at {to.address}" if rack else ""
-    say = Console(stderr=True, soft_wrap=True, highlight=False).print  # a line stays a line
     what = [f"{', '.join(names)} on {per_model} {p.platform.name} sockets each"] if names else []
     if coe is not None:
         what.append(f"{BUNDLE_NAME} ({experts} experts) on {on_bundle} sockets")

@@ -110,6 +110,20 @@ def load_tokens(path: Path) -> TokensFile:
         raise InvalidRequest(f"tokens file {path}: {where}: {first['msg']}") from None
 
 
+def with_token(tokens: TokensFile, tenant: str, token: str) -> TokensFile:
+    """`tokens` with `token`'s digest added for `tenant`, which keeps its policy if the
+    file has it, and is added without a quota if not."""
+    tenants = {**tokens.tenants}
+    tenants.setdefault(tenant, TenantPolicy())
+    entry = TokenEntry(sha256=digest(token), tenant=tenant)
+    return TokensFile(tenants=tenants, tokens=[*tokens.tokens, entry])
+
+
+def dump_tokens(tokens: TokensFile) -> str:
+    """A tokens file's text (YAML), which `load_tokens` reads back as `tokens`."""
+    return yaml.safe_dump(tokens.model_dump(mode="json", exclude_defaults=True), sort_keys=False)
+
+
 @dataclass(frozen=True)
 class Principal:
     """Who a call comes from. `tenant` None: no tenant (the open local default)."""

@@ -11,7 +11,18 @@ import pytest
 
 from rdurack.rack.whatif import load_platform
 from tests.support import manifests
-from tests.support.manifests import OVERLAYS, Obj, component, env_of, find, is_rdurack, workloads
+from tests.support.manifests import (
+    OVERLAYS,
+    SECRETS,
+    Obj,
+    admits,
+    component,
+    env_of,
+    find,
+    is_rdurack,
+    labels_of,
+    workloads,
+)
 
 # The oldest minor the manifests need (gRPC probes GA 1.27, pod-index label 1.28) that
 # kubernetes-validate ships a strict schema for, and the newest it ships.
@@ -20,9 +31,6 @@ OTEL = "http://jaeger:4317"
 NEEDS_GRPC_PROBES = {"orchestrator", "node-agent"}  # they serve grpc.health.v1
 ENDPOINT_PORT = 8000  # `rdu serve`'s: HTTPS, the OpenAI API (test_endpoint.py)
 ROOT = Path(__file__).resolve().parents[2]
-# Secrets the pods mount, created out of band (Makefile k8s-secrets), and their keys:
-# the file names `rdu certs` writes and the tokens file.
-SECRETS = {"rdurack-tls": {"ca.crt", "tls.crt", "tls.key"}, "rdurack-tokens": {"tokens.yaml"}}
 TLS_ENV = {"RDURACK_TLS_CA": "ca.crt", "RDURACK_TLS_CERT": "tls.crt", "RDURACK_TLS_KEY": "tls.key"}
 
 
@@ -46,6 +54,7 @@ def test_overlay_renders_every_piece(rendered: dict[str, list[Obj]], overlay: st
         ("Deployment", "rdurack-endpoint"),
         ("Service", "rdurack-endpoint"),
         ("NetworkPolicy", "rdurack-endpoint"),
+        ("NetworkPolicy", "rdurack-endpoint-to-orchestrator"),
         ("Deployment", "jaeger"),
         ("Service", "jaeger"),
         ("NetworkPolicy", "jaeger"),
@@ -271,26 +280,31 @@ def test_network_policy_exposes_the_orchestrator_and_the_endpoint_only(
 def test_tls_and_tokens_come_from_the_secrets(rendered: dict[str, list[Obj]], overlay: str) -> None:
     """Every rdurack process but the Ray head reads its certificate files from the
     mounted Secret rdurack-tls, by the key names `rdu certs` writes; the orchestrator
-    and the endpoint read the tokens file from rdurack-tokens. No Secret is in the
-    manifests (none is committed): each is mounted required, so a pod without it does
-    not start open."""
+    and the endpoint read the tokens file from rdurack-tokens, and the endpoint its own
+    token for the orchestrator from rdurack-endpoint-token, which no other pod mounts.
+    No Secret is in the manifests (none is committed): each is mounted required, so a
+    pod without it does not start open."""
     docs = rendered[overlay]
     assert not [d for d in docs if d["kind"] == "Secret"]
     checked = set()
+    mounted = set()
     for w in workloads(docs):
+        spec = w["spec"]["template"]["spec"]
+        mounted |= {
+            (component(w), v["secret"]["secretName"]) for v in spec["volumes"] if "secret" in v
+        }
         if component(w) == "ray-head":
             continue
-        spec = w["spec"]["template"]["spec"]
         volumes = {v["name"]: v for v in spec["volumes"]}
         for c in spec["containers"]:
             if not is_rdurack(c):
                 continue
             env = env_of(c)
             wanted = dict(TLS_ENV)
-            if component(w) == "endpoint":  # an HTTPS server that dials no rack member
-                del wanted["RDURACK_TLS_CA"]
             if component(w) in ("orchestrator", "endpoint"):
                 wanted["RDURACK_TOKENS"] = "tokens.yaml"
+            if component(w) == "endpoint":  # a client of the orchestrator: `rdu --token-file`
+                wanted["RDURACK_TOKEN_FILE"] = "token"
             for var, key in wanted.items():
                 path = Path(env[var]["value"])
                 assert path.name == key, (component(w), var)
@@ -306,7 +320,35 @@ def test_tls_and_tokens_come_from_the_secrets(rendered: dict[str, list[Obj]], ov
         ("node-agent", "rdurack-tls"),
         ("endpoint", "rdurack-tls"),
         ("endpoint", "rdurack-tokens"),
+        ("endpoint", "rdurack-endpoint-token"),
     }
+    assert mounted == checked  # nothing mounted that is not read (a token in the clear)
     makefile = (ROOT / "Makefile").read_text()
     for name in SECRETS:  # the documented way to create them names them alike
         assert f"create secret generic {name}" in makefile
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_endpoint_reaches_the_orchestrators_api_and_no_other_rack_port(
+    rendered: dict[str, list[Obj]], overlay: str
+) -> None:
+    """Its endpoint jobs and passes go to the orchestrator's 50051: admitted by the
+    policies, and still admitted by a rule naming the endpoint alone, were the base's
+    rule open to every client narrowed. The orchestrator's health port, the node agents
+    and the Ray head stay closed to it."""
+    docs = rendered[overlay]
+    policies = [d for d in docs if d["kind"] == "NetworkPolicy"]
+    endpoint, orchestrator = labels_of(docs, "endpoint"), labels_of(docs, "orchestrator")
+    agent, head = labels_of(docs, "node-agent"), labels_of(docs, "ray-head")
+    assert admits(policies, endpoint, orchestrator, 50051)
+    named = [
+        {**p, "spec": {**p["spec"], "ingress": [r for r in p["spec"]["ingress"] if "from" in r]}}
+        for p in policies
+    ]
+    assert admits(named, endpoint, orchestrator, 50051)
+    for target, port in ((orchestrator, 50052), (agent, 50061), (agent, 50062), (head, 6379)):
+        assert not admits(policies, endpoint, target, port), (target, port)
+    # The check itself tells rack members from outsiders.
+    assert admits(policies, orchestrator, agent, 50061)
+    assert admits(policies, {}, orchestrator, 50051) and not admits(named, {}, orchestrator, 50051)
+    assert not admits(policies, {}, agent, 50061)

@@ -1,22 +1,25 @@
 """Smoke test: the dev overlay's rdurack containers, run as local processes.
 
 It reads the rendered manifests and starts each rdurack container's own command with its
-own environment (Jaeger, a third-party image, is left out), in the order the kubelet's
-probes would gate them: the Ray head until its GCS port accepts connections, then the
-node agent and the orchestrator until their gRPC health reports SERVING.
+own environment (Jaeger, a third-party image, is left out). The endpoint starts first,
+as a pod may, and must wait for the rack; then the rack's containers in the order the
+kubelet's probes would gate them: the Ray head until its GCS port accepts connections,
+then the node agent and the orchestrator until their gRPC health reports SERVING; then
+the endpoint until HTTPS `GET /health` answers, on the rack's sockets.
 
 What changes from a pod, and nothing else:
 - the downward API: status.podIP is 127.0.0.1 and the pod-index label is "0";
-- Service DNS names become 127.0.0.1, with free ports instead of 6379/50061/50051;
+- Service DNS names become 127.0.0.1, with free ports instead of 6379/50061/50051/8000,
+  and `0.0.0.0` becomes 127.0.0.1;
 - the ConfigMap mount and the state dir are directories under tmp_path, and so are the
-  Secret mounts, filled as `make k8s-secrets` fills the Secrets: `rdu certs` output and
-  a tokens file;
+  Secret mounts, filled as `make k8s-secrets` fills the Secrets: `rdu certs` output, and
+  a tokens file with the endpoint's own token added by `rdu token --add-to`;
 - Ray's temp root (RAY_TMPDIR) is a fresh short directory, removed afterwards: `ray start`
   records its cluster in TMP/ray/ray_current_cluster, and a stale record under /tmp
   would make every later `ray.init()` on this machine try to join a dead cluster (in a
   pod, /tmp is the pod's own emptyDir);
 - OTEL_EXPORTER_OTLP_ENDPOINT is dropped (no Jaeger here);
-- `python` and `ray` are this venv's (PATH), as they are the image's in a pod;
+- `python`, `ray` and `rdu` are this venv's (PATH), as they are the image's in a pod;
 - Ray stays on loopback (RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0, the rule on these
   machines), so the node agent's Ray worker node is stood in for (below).
 
@@ -35,6 +38,7 @@ import contextlib
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import tempfile
 import time
@@ -43,19 +47,32 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import httpx
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from rdurack.security import certs
 from rdurack.security.auth import digest
 from rdurack.security.tls import DEFAULT_RACK_IDENTITY
+from rdurack.v1 import common_pb2
+from tests.support.cli import rdu
 from tests.support.manifests import Obj, find, is_rdurack, render
-from tests.support.pods import SPEC_DIR, STATE_DIR, TLS_DIR, TOKENS_DIR, Localizer
+from tests.support.pods import (
+    ENDPOINT_TOKEN_DIR,
+    SPEC_DIR,
+    STATE_DIR,
+    TLS_DIR,
+    TOKENS_DIR,
+    Localizer,
+)
 
 pytestmark = pytest.mark.integration
 
-DEADLINE_S = 150.0
+DEADLINE_S = 180.0
 TOKEN = "smoke-test-admin-token"
+ALICE = "smoke-test-tenant-token"  # a tenant of the endpoint's HTTP callers
+ENDPOINT_TENANT = "rdurack-endpoint"  # the Makefile's ENDPOINT_TENANT
+MODEL = "llama3.1-8b"  # the endpoint's, in its args
 
 
 def wait_tcp(port: int, proc: subprocess.Popen[bytes], log: Path, deadline: float) -> None:
@@ -136,6 +153,93 @@ def ray_tmp() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
+def start(
+    name: str, c: Obj, local: Localizer, tmp_path: Path
+) -> tuple[subprocess.Popen[bytes], Path]:
+    """The container's command as a process, its output in NAME.log."""
+    env = local.env(c)
+    log = tmp_path / f"{name}.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            local.command(c, env),
+            env=env,
+            cwd=tmp_path,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    return proc, log
+
+
+def wait_said(text: str, proc: subprocess.Popen[bytes], log: Path, deadline: float) -> None:
+    while text not in log.read_text():
+        assert proc.poll() is None, f"exited {proc.returncode}:\n{log.read_text()[-3000:]}"
+        assert time.monotonic() < deadline, f"never said {text!r}:\n{log.read_text()[-3000:]}"
+        time.sleep(0.2)
+
+
+def fill_secrets(local: Localizer, tmp_path: Path) -> None:
+    """The Secrets' volumes, as `make k8s-secrets` fills them: `rdu certs`' files, and
+    the tokens file given (an admin, and alice for the endpoint's HTTP) with the
+    endpoint's own token added by `rdu token --add-to`, which also writes that token."""
+    certs.write_rack_set(local.paths[TLS_DIR], DEFAULT_RACK_IDENTITY)
+    given = tmp_path / "tokens-given.yaml"
+    given.write_text(
+        "tenants: {ops: {admin: true}, alice: {socket_quota: 1}}\n"
+        f"tokens: [{{sha256: {digest(TOKEN)}, tenant: ops}}, "
+        f"{{sha256: {digest(ALICE)}, tenant: alice}}]\n"
+    )
+    made = tmp_path / "k8s-tokens"
+    done = rdu("token", "--tenant", ENDPOINT_TENANT, "--add-to", str(given), "--out", str(made))
+    assert done.returncode == 0, done.stderr
+    shutil.copy(made / "tokens.yaml", local.paths[TOKENS_DIR] / "tokens.yaml")
+    shutil.copy(made / "token", local.paths[ENDPOINT_TOKEN_DIR] / "token")
+
+
+def endpoint_jobs(local: Localizer) -> list[Any]:
+    """The rack's endpoint jobs, as its admin sees them."""
+    from rdurack.api.server import channel
+    from rdurack.security.tls import TlsConfig
+    from rdurack.v1 import job_pb2, job_pb2_grpc
+
+    tls = TlsConfig(ca_file=local.paths[TLS_DIR] / certs.CA_FILE)
+    address = f"127.0.0.1:{local.ports[50051]}"
+    with channel(address, tls=tls, token=TOKEN) as ch:
+        jobs = job_pb2_grpc.JobServiceStub(ch).ListJobs(job_pb2.ListJobsRequest(), timeout=10)
+    return [j for j in jobs.jobs if j.spec.WhichOneof("workload") == "endpoint"]
+
+
+def endpoint_serves(
+    local: Localizer, proc: subprocess.Popen[bytes], log: Path, deadline: float
+) -> None:
+    """As the kubelet's startup probe does, HTTPS /health without a token until 200;
+    then a client outside the cluster sees what a pod's clients see: plain HTTP gets
+    nothing, HTTPS without a token is 401, a tenant's token lists and uses the model,
+    which runs on the rack's socket, held by an endpoint job of the endpoint's tenant."""
+    url = f"https://127.0.0.1:{local.ports[8000]}"
+    trusting = ssl.create_default_context(cafile=str(local.paths[TLS_DIR] / certs.CA_FILE))
+    with httpx.Client(verify=trusting, timeout=30) as https:
+        while True:
+            with contextlib.suppress(httpx.TransportError):
+                if https.get(f"{url}/health").status_code == 200:
+                    break
+            assert proc.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.2)
+        with pytest.raises(httpx.TransportError):
+            httpx.get(url.replace("https://", "http://") + "/health", timeout=10)
+        assert https.get(f"{url}/v1/models").status_code == 401
+        alice = {"Authorization": f"Bearer {ALICE}"}
+        models = https.get(f"{url}/v1/models", headers=alice).json()
+        assert [m["id"] for m in models["data"]] == [MODEL]
+        body = {"model": MODEL, "prompt": "hi", "max_tokens": 2}
+        done = https.post(f"{url}/v1/completions", json=body, headers=alice).json()
+        assert done["usage"]["completion_tokens"] == 2, done
+    (job,) = endpoint_jobs(local)
+    assert (job.tenant, job.spec.endpoint.model, len(job.sockets)) == (ENDPOINT_TENANT, MODEL, 1)
+    assert job.state == common_pb2.JOB_STATE_RUNNING
+
+
 def test_dev_overlay_containers_serve_as_local_processes(tmp_path: Path, ray_tmp: Path) -> None:
     docs = render("dev")
     local = Localizer(tmp_path, ray_tmp)
@@ -144,11 +248,7 @@ def test_dev_overlay_containers_serve_as_local_processes(tmp_path: Path, ray_tmp
     spec = find(docs, "ConfigMap", "rdurack-spec")["data"]
     for key, text in spec.items():  # the ConfigMap volume, as files
         (local.paths[SPEC_DIR] / key).write_text(text)
-    # The Secrets' volumes, as `make k8s-secrets` fills them.
-    certs.write_rack_set(local.paths[TLS_DIR], DEFAULT_RACK_IDENTITY)
-    (local.paths[TOKENS_DIR] / "tokens.yaml").write_text(
-        f"tenants: {{ops: {{admin: true}}}}\ntokens: [{{sha256: {digest(TOKEN)}, tenant: ops}}]\n"
-    )
+    fill_secrets(local, tmp_path)
 
     def container(kind: str, name: str) -> Obj:
         (c,) = find(docs, kind, name)["spec"]["template"]["spec"]["containers"]
@@ -163,21 +263,18 @@ def test_dev_overlay_containers_serve_as_local_processes(tmp_path: Path, ray_tmp
         ("orchestrator", container("Deployment", "rdurack-orchestrator"), 50052, wait_serving),
     ]
     procs: list[subprocess.Popen[bytes]] = []
+    endpoint: subprocess.Popen[bytes] | None = None
+    orchestrator = f"127.0.0.1:{local.ports[50051]}"
     try:
         deadline = time.monotonic() + DEADLINE_S
+        # The endpoint first: it waits for the orchestrator rather than exiting.
+        endpoint, endpoint_log = start("endpoint", container("Deployment", "rdurack-endpoint"),
+                                       local, tmp_path)  # fmt: skip
+        wait_said(f"s for the orchestrator at {orchestrator} (UNAVAILABLE", endpoint,
+                  endpoint_log, deadline)  # fmt: skip
         started = []
         for name, c, pod_port, wait in order:
-            env = local.env(c)
-            log = tmp_path / f"{name}.log"
-            with log.open("wb") as out:
-                proc = subprocess.Popen(
-                    local.command(c, env),
-                    env=env,
-                    cwd=tmp_path,
-                    stdin=subprocess.DEVNULL,
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                )
+            proc, log = start(name, c, local, tmp_path)
             procs.append(proc)
             started.append((local.ports[pod_port], proc, log, wait))
             if name == "ray-head":  # the others need the GCS, as in the cluster
@@ -187,11 +284,24 @@ def test_dev_overlay_containers_serve_as_local_processes(tmp_path: Path, ray_tmp
         assert "node-agent 0 ready" in (tmp_path / "node-agent.log").read_text()
         assert (local.paths[STATE_DIR] / "jobs.sqlite").exists()
         api_is_secured(local)
+        endpoint_serves(local, endpoint, endpoint_log, deadline)
+        # Deleted, the endpoint releases its socket before it exits.
+        (ended,) = stop([endpoint])
+        assert ended in (0, 128 + signal.SIGTERM), endpoint_log.read_text()[-3000:]
+        assert [j.state for j in endpoint_jobs(local)] == [common_pb2.JOB_STATE_CANCELLED]
     finally:
+        if endpoint is not None:
+            stop([endpoint])
         codes = stop(procs)
     # Each one stopped on SIGTERM, as a pod must on deletion; ours cleanly. (`ray start
     # --block` exits 1 after draining on SIGTERM: Ray's choice, not an error here.)
-    orchestrator, agent, head = codes
-    assert (orchestrator, agent) == (0, 0), codes
+    head, agent, orchestrator_code = reversed(codes)
+    assert (orchestrator_code, agent) == (0, 0), codes
     assert head is not None, "the Ray head ignored SIGTERM"
     assert (ray_tmp / "ray" / "ray_current_cluster").exists()  # it went there, not /tmp/ray
+    said = endpoint_log.read_text()
+    assert f"waiting up to 300 s for the orchestrator at {orchestrator}" in said
+    assert f"the orchestrator at {orchestrator} answered after" in said
+    assert f"serving {MODEL} on 1 sn40l-rack16 sockets each of the rack at {orchestrator}" in said
+    assert "security: HTTPS, bearer tokens required (3 tenants)" in said
+    assert "Traceback" not in said

@@ -13,6 +13,13 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 OVERLAYS = ("dev", "rack16")
 Obj = dict[str, Any]
+# Secrets the pods mount, created out of band (Makefile k8s-secrets), and their keys:
+# the file names `rdu certs` writes, the tokens file, and the endpoint's own token.
+SECRETS = {
+    "rdurack-tls": {"ca.crt", "tls.crt", "tls.key"},
+    "rdurack-tokens": {"tokens.yaml"},
+    "rdurack-endpoint-token": {"token"},
+}
 
 
 def render(overlay: str) -> list[Obj]:
@@ -64,3 +71,52 @@ def spec_path(container: Obj) -> str:
         return str(env["RDURACK_SPEC"]["value"])
     args = list(container.get("args", []))
     return str(args[args.index("--spec") + 1])
+
+
+def labels_of(docs: list[Obj], component_name: str) -> dict[str, str]:
+    """The pod labels of the workload whose pods are `component_name`."""
+    (w,) = [w for w in workloads(docs) if component(w) == component_name]
+    return dict(w["spec"]["template"]["metadata"]["labels"])
+
+
+def admits(policies: list[Obj], source: dict[str, str], target: dict[str, str], port: int) -> bool:
+    """Whether NetworkPolicies let a pod labelled `source` open a TCP connection to
+    `port` of a pod labelled `target`, in one namespace, as the API defines it: a side
+    no policy of its direction selects is open; a selected one admits what any of its
+    policies' rules admits (a rule without `from`/`to` admits any peer, without `ports`
+    any port). Only the forms these manifests use (podSelector matchLabels, numeric
+    ports and ranges) are understood; anything else fails the test."""
+
+    def selects(selector: Obj, labels: dict[str, str]) -> bool:
+        assert set(selector) <= {"matchLabels"}, f"unsupported selector {selector}"
+        return dict(selector.get("matchLabels", {})).items() <= labels.items()
+
+    def peer(rule_peers: list[Obj] | None, labels: dict[str, str]) -> bool:
+        if rule_peers is None:
+            return True
+        for p in rule_peers:
+            assert set(p) == {"podSelector"}, f"unsupported peer {p}"
+        return any(selects(p["podSelector"], labels) for p in rule_peers)
+
+    def on_port(ports: list[Obj] | None) -> bool:
+        if ports is None:
+            return True
+        for p in ports:
+            assert p.get("protocol", "TCP") == "TCP" and isinstance(p["port"], int), p
+        return any(p["port"] <= port <= (p.get("endPort") or p["port"]) for p in ports)
+
+    def allowed(direction: str, key: str, own: dict[str, str], other: dict[str, str]) -> bool:
+        mine = [
+            p["spec"]
+            for p in policies
+            if direction in p["spec"]["policyTypes"] and selects(p["spec"]["podSelector"], own)
+        ]
+        if not mine:
+            return True
+        return any(
+            peer(r.get(key), other) and on_port(r.get("ports"))
+            for spec in mine
+            for r in spec.get(direction.lower(), [])
+        )
+
+    return allowed("Ingress", "from", target, source) and allowed("Egress", "to", source, target)

@@ -15,6 +15,7 @@ from tests.support.ports import free_port
 SPEC_DIR = "/etc/rdurack"
 TLS_DIR = "/etc/rdurack-tls"
 TOKENS_DIR = "/etc/rdurack-tokens"
+ENDPOINT_TOKEN_DIR = "/etc/rdurack-endpoint-token"
 STATE_DIR = "/var/lib/rdurack/state"
 CHECKPOINTS = "/var/lib/rdurack/checkpoints"
 
@@ -41,6 +42,7 @@ class Localizer:
             # Longest first: /etc/rdurack is a prefix of the Secrets' mount paths.
             TLS_DIR: tmp / "etc-rdurack-tls",
             TOKENS_DIR: tmp / "etc-rdurack-tokens",
+            ENDPOINT_TOKEN_DIR: tmp / "etc-rdurack-endpoint-token",
             SPEC_DIR: tmp / "etc-rdurack",
             STATE_DIR: tmp / "state",
             CHECKPOINTS: tmp / "checkpoints",
@@ -52,8 +54,9 @@ class Localizer:
         ray.chmod(0o755)
 
     def text(self, value: str) -> str:
-        ray, agent = self.ports[6379], self.ports[50061]
+        ray, agent, orchestrator = self.ports[6379], self.ports[50061], self.ports[50051]
         value = value.replace("rdurack-ray-head:6379", f"127.0.0.1:{ray}")
+        value = value.replace("rdurack-orchestrator:50051", f"127.0.0.1:{orchestrator}")
         value = re.sub(
             r"rdurack-node-agent-0\.rdurack-node-agent:50061", f"127.0.0.1:{agent}", value
         )

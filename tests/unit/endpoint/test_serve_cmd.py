@@ -113,6 +113,8 @@ def test_rdu_serve_with_the_racks_files_in_its_variables(tmp_path: Path) -> None
         (["--tls-cert", "/nonexistent/tls.crt"], "--tls-cert and --tls-key go together"),
         (["--tls-cert", "/nonexistent/tls.crt", "--tls-key", "/nonexistent/tls.key"],
          "TLS certificate /nonexistent/tls.crt"),
+        (["--wait-rack", "30"], "--wait-rack is --rack's"),
+        (["--rack", "--wait-rack", "-1"], "--wait-rack"),
     ],
 )  # fmt: skip
 def test_bad_serve_options_are_one_line(args: list[str], message: str) -> None:
