@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from rdurack.orchestrator.group_commit import CommitFailed, GroupCommit
 from rdurack.orchestrator.jobs import JobSpec, KernelWorkload
 from rdurack.orchestrator.store import JobStore
+from rdurack.orchestrator.store.group_commit import CommitFailed, GroupCommit
 from rdurack.rack.kernels import Phase
 
 

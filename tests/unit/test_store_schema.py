@@ -15,7 +15,7 @@ from rdurack.errors import InvalidRequest
 from rdurack.orchestrator.jobs import JobSpec, JobState, KernelWorkload
 from rdurack.orchestrator.results import RESULTS, CoeResult, KernelResult, TrainingResult
 from rdurack.orchestrator.store import JobStore
-from rdurack.orchestrator.store_schema import SCHEMA_VERSION, UnsupportedStoreVersion
+from rdurack.orchestrator.store.schema import SCHEMA_VERSION, UnsupportedStoreVersion
 from rdurack.rack.kernels import Phase
 from rdurack.workloads.coe.report import CoeReport, RequestResult
 
@@ -30,9 +30,9 @@ def db_path(tmp_path: Path) -> Path:
 
 
 def test_file_store_uses_wal_and_full_sync(db_path: Path) -> None:
-    with JobStore(db_path) as store:
-        assert store._db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-        assert store._db.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
+    with JobStore(db_path) as store, store._write() as writer:
+        assert writer.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert writer.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
     # WAL is a property of the file: another connection sees it too.
     other = sqlite3.connect(db_path)
     try:
