@@ -175,6 +175,63 @@ def test_an_acknowledged_write_survives_a_crash_without_close(where: str) -> Non
         assert [j.id for j in store.queued()] == ["a", "b"]
 
 
+def test_every_acknowledged_submission_is_seen_by_another_store_when_submit_returns(
+    where: str,
+) -> None:
+    """SubmitJob acknowledges what `submit` returns: from many threads at once, each job
+    is already committed, for another store on other connections (another replica, or
+    the next orchestrator), when its submit returns."""
+    missing: list[str] = []
+    with JobStore(where) as store, JobStore(where) as other:
+
+        def client(c: int) -> None:
+            for n in range(10):
+                job, _ = store.submit(f"job-{c}-{n}", spec())
+                try:
+                    other.get(job.id)
+                except UnknownName:
+                    missing.append(job.id)
+
+        threads = [threading.Thread(target=client, args=(c,)) for c in range(12)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert missing == []
+        jobs = other.list()
+        assert len(jobs) == 120 and len({j.seq for j in jobs}) == 120
+
+
+def race_to_submit(stores: tuple[JobStore, JobStore], r: int) -> list[tuple[str, bool]]:
+    """Four threads, released together, alternating between `stores`, each submit a job
+    of its own id with the client request id `req-r`: (job id, created) each."""
+    barrier = threading.Barrier(4)
+    got: list[tuple[str, bool]] = []
+
+    def submit(n: int) -> None:
+        barrier.wait()
+        job, created = stores[n % 2].submit(f"r{r}-{n}", spec(), client_request_id=f"req-{r}")
+        got.append((job.id, created))
+
+    threads = [threading.Thread(target=submit, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    return got
+
+
+def test_racing_stores_with_one_request_id_make_one_job(where: str) -> None:
+    """Two stores on one database (two replicas), threads of each submitting with one
+    client request id at once: one job is made, and every caller gets it."""
+    with JobStore(where) as a, JobStore(where) as b:
+        for r in range(5):
+            got = race_to_submit((a, b), r)
+            assert len(got) == 4 and len({job_id for job_id, _ in got}) == 1, got
+            assert sum(created for _, created in got) == 1, got
+        assert len(a.list()) == len(b.list()) == 5
+
+
 # ------------------------------------------------------------------ idempotent submission
 
 

@@ -23,7 +23,7 @@ import functools
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import psycopg
 from psycopg.rows import DictRow, dict_row
@@ -67,9 +67,7 @@ class PostgresBackend:
             timeout=POOL_WAIT_S,
             kwargs={"autocommit": True, "connect_timeout": CONNECT_TIMEOUT_S},
             configure=_durable,
-            # A connection the server closed (a restart, a failover) is replaced before
-            # it is handed out, rather than failing the call that gets it.
-            check=ConnectionPool.check_connection,
+            check=self._check,
             name="rdurack-job-store",
             open=True,
         )
@@ -86,6 +84,18 @@ class PostgresBackend:
 
     def close(self) -> None:
         self._pool.close()
+
+    def _check(self, conn: psycopg.Connection[Any]) -> None:
+        """Each connection, before it is handed out: one the server closed (a restart,
+        a failover) is replaced rather than failing the call that got it."""
+        try:
+            ConnectionPool.check_connection(conn)
+        except psycopg.OperationalError:
+            # What closed this one closed the idle others too. Test them all now: found
+            # one per call, each would cost that call the pool's backoff (1 s, doubled
+            # each time), and a few would exceed POOL_WAIT_S.
+            self._pool.check()
+            raise
 
     @contextmanager
     def _connection(self) -> Iterator[psycopg.Connection[Any]]:
@@ -144,13 +154,12 @@ def _durable(conn: psycopg.Connection[Any]) -> None:
 def redacted(url: str) -> str:
     """`url` for messages and logs: its password, if any, replaced by ***."""
     parts = urlsplit(url)
-    netloc = parts.netloc
-    user, at, host = netloc.rpartition("@")
-    if at and ":" in user:
-        netloc = f"{user.split(':', 1)[0]}:***@{host}"
+    user, at, host = parts.netloc.rpartition("@")
+    netloc = f"{user.split(':', 1)[0]}:***@{host}" if at and ":" in user else parts.netloc
     query = "&".join(
         "password=***" if q.partition("=")[0] == "password" else q
         for q in parts.query.split("&")
         if q
     )
-    return urlunsplit(parts._replace(netloc=netloc, query=query))
+    # Built by hand: urlunsplit drops the empty host of postgresql:///dbname.
+    return f"{parts.scheme}://{netloc}{parts.path}" + (f"?{query}" if query else "")
