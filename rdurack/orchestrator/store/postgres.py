@@ -59,7 +59,7 @@ class PostgresBackend:
             with psycopg.connect(url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S) as conn:
                 self._open_schema(conn)
         except psycopg.Error as e:
-            raise InvalidRequest(f"cannot open job store {self.location}: {e}") from e
+            raise InvalidRequest(f"cannot open job store {self.location}: {_one_line(e)}") from e
         self._pool = ConnectionPool(
             url,
             min_size=1,
@@ -103,7 +103,7 @@ class PostgresBackend:
             with self._pool.connection() as conn:
                 yield conn
         except psycopg.OperationalError as e:  # PoolTimeout is one too
-            raise StoreUnavailable(f"job store {self.location}: {e}") from e
+            raise StoreUnavailable(f"job store {self.location}: {_one_line(e)}") from e
 
     def _open_schema(self, conn: psycopg.Connection[Any]) -> None:
         """Create the schema, or check the one found, in one transaction (PostgreSQL's
@@ -149,6 +149,11 @@ def _durable(conn: psycopg.Connection[Any]) -> None:
     row = conn.execute("SHOW synchronous_commit").fetchone()
     if row is not None and row[0] == "off":
         conn.execute("SET synchronous_commit = on")
+
+
+def _one_line(error: Exception) -> str:
+    """libpq's message, which may run over lines (a hint below the error), as one."""
+    return "; ".join(line.strip() for line in str(error).splitlines() if line.strip())
 
 
 def redacted(url: str) -> str:
