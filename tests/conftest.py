@@ -1,8 +1,8 @@
 """Shared test set-up. Importing rdurack first sets Ray's loopback environment; the
 certificates of the security tests (tests/support/certs.py), made once per session; the
 job store's two databases: a PostgreSQL server (tests/support/postgres.py), started
-once per session when a test first asks for it, and `store_location`, which runs a test
-on each store."""
+once per session when a test first asks for it, and `store_location` (and `store`, a
+JobStore there), which run a test on each store."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 import rdurack  # noqa: F401  (sets RAY_* defaults before any test imports ray)
+from rdurack.orchestrator.store import JobStore
 from tests.support.certs import RackCerts, make_rack_certs
 from tests.support.postgres import PostgresServer
 
@@ -44,3 +45,10 @@ def store_location(request: pytest.FixtureRequest, tmp_path: Path) -> str:
         return str(tmp_path / "state" / "jobs.sqlite")
     url: str = request.getfixturevalue("postgres_url")
     return url
+
+
+@pytest.fixture
+def store(store_location: str) -> Iterator[JobStore]:
+    """A job store on each database (`store_location`), closed after the test."""
+    with JobStore(store_location) as s:
+        yield s

@@ -1,69 +1,31 @@
 """JobStore: jobs survive restarts, transitions are atomic and legal, recovery settles crashes.
 
-Every test that takes `where` or `store` runs on both stores: a SQLite file and a
-PostgreSQL database (tests/conftest.py, `store_location`)."""
+Every test that takes `store_location` or `store` runs on both stores: a SQLite file and
+a PostgreSQL database (tests/conftest.py). Writers at once: test_store_concurrency.py."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
-import threading
-from collections.abc import Iterator
 
 import pytest
 from pydantic_core import PydanticSerializationError
 
 from rdurack.errors import InvalidRequest, UnknownName
-from rdurack.orchestrator.jobs import IllegalTransition, Job, JobSpec, JobState, KernelWorkload
+from rdurack.orchestrator.jobs import IllegalTransition, JobState
 from rdurack.orchestrator.results import (
     CoeResult,
     KernelResult,
 )
 from rdurack.orchestrator.store import JobStore
-from rdurack.orchestrator.store.backend import Db
-from rdurack.rack.kernels import FusionPlan, Phase
+from rdurack.rack.kernels import FusionPlan
 from rdurack.workloads.coe.report import RequestResult
-
-S = JobState
-DONE = KernelResult(emulated_s=1e-3, kernel_calls=3)
-
-
-def spec(name: str = "job", priority: int = 0, sockets: int = 8, **workload: object) -> JobSpec:
-    return JobSpec(
-        name=name,
-        priority=priority,
-        workload=KernelWorkload(
-            model="llama3-8b", phase=Phase.DECODE, num_sockets=sockets, **workload
-        ),
-    )
-
-
-@pytest.fixture
-def where(store_location: str) -> str:
-    return store_location
-
-
-@pytest.fixture
-def store(where: str) -> Iterator[JobStore]:
-    with JobStore(where) as s:
-        yield s
-
-
-def states(store: JobStore, job_id: str) -> list[str]:
-    return [e.payload["state"] for e in store.events(job_id) if e.kind == "state"]
-
-
-def run(store: JobStore, job_id: str, sockets: tuple[str, ...] = ("n0.s0",)) -> None:
-    """PENDING -> SCHEDULED -> RUNNING, started once more."""
-    store.transition(job_id, S.SCHEDULED, sockets=sockets)
-    attempts = store.get(job_id).attempts
-    store.transition(job_id, S.RUNNING, attempts=attempts + 1, emulated_start_ns=1_000)
-
+from tests.support.store import DONE, S, run, spec, states
 
 # ------------------------------------------------------------------ round trips
 
 
-def test_submit_get_list_round_trip_every_field(where: str) -> None:
+def test_submit_get_list_round_trip_every_field(store_location: str) -> None:
     original = spec(
         "decode-7",
         priority=5,
@@ -72,7 +34,7 @@ def test_submit_get_list_round_trip_every_field(where: str) -> None:
         sequence_length=2048,
         output_tokens=16,
     )
-    with JobStore(where) as store:
+    with JobStore(store_location) as store:
         job, created = store.submit("j1", original, client_request_id="req-1")
         assert created and job.state is S.PENDING and job.seq == 1
         result = CoeResult(
@@ -87,7 +49,7 @@ def test_submit_get_list_round_trip_every_field(where: str) -> None:
         done = store.transition(
             "j1", S.SUCCEEDED, emulated_end_ns=2**62, result=result, error="a note"
         )
-    with JobStore(where) as store:
+    with JobStore(store_location) as store:
         again = store.get("j1")
         assert again == done  # every field, timestamps included
         assert again.spec == original
@@ -127,8 +89,8 @@ def test_list_filters_by_state_in_submission_order(store: JobStore) -> None:
 # ------------------------------------------------------------------ durability
 
 
-def test_a_reopened_store_has_every_job_state_and_event(where: str) -> None:
-    store = JobStore(where)
+def test_a_reopened_store_has_every_job_state_and_event(store_location: str) -> None:
+    store = JobStore(store_location)
     for i in range(6):
         store.submit(f"j{i}", spec(priority=i % 2))
     run(store, "j0")
@@ -140,7 +102,7 @@ def test_a_reopened_store_has_every_job_state_and_event(where: str) -> None:
     history = {j: store.events(j) for j in before}
     store.close()
 
-    restarted = JobStore(where)  # a new orchestrator process on the same file
+    restarted = JobStore(store_location)  # a new orchestrator process on the same file
     jobs = restarted.list()
     assert [j.id for j in jobs] == ["j0", "j1", "j2", "j3", "j4", "j5"]
     assert [j.seq for j in jobs] == [1, 2, 3, 4, 5, 6]
@@ -153,7 +115,7 @@ def test_a_reopened_store_has_every_job_state_and_event(where: str) -> None:
     restarted.close()
 
 
-def test_an_acknowledged_write_survives_a_crash_without_close(where: str) -> None:
+def test_an_acknowledged_write_survives_a_crash_without_close(store_location: str) -> None:
     # The child stores jobs and dies without closing the store or checkpointing the WAL.
     code = (
         "import os, sys\n"
@@ -167,69 +129,12 @@ def test_an_acknowledged_write_survives_a_crash_without_close(where: str) -> Non
         "s.transition('a', JobState.RUNNING, attempts=1)\n"
         "os._exit(0)\n"
     )
-    done = subprocess.run([sys.executable, "-c", code, where], capture_output=True)
+    done = subprocess.run([sys.executable, "-c", code, store_location], capture_output=True)
     assert done.returncode == 0, done.stderr.decode()
-    with JobStore(where) as store:
+    with JobStore(store_location) as store:
         assert [(j.id, j.state) for j in store.list()] == [("a", S.RUNNING), ("b", S.PENDING)]
         assert [(j.id, j.state) for j in store.recover()] == [("a", S.PENDING)]
         assert [j.id for j in store.queued()] == ["a", "b"]
-
-
-def test_every_acknowledged_submission_is_seen_by_another_store_when_submit_returns(
-    where: str,
-) -> None:
-    """SubmitJob acknowledges what `submit` returns: from many threads at once, each job
-    is already committed, for another store on other connections (another replica, or
-    the next orchestrator), when its submit returns."""
-    missing: list[str] = []
-    with JobStore(where) as store, JobStore(where) as other:
-
-        def client(c: int) -> None:
-            for n in range(10):
-                job, _ = store.submit(f"job-{c}-{n}", spec())
-                try:
-                    other.get(job.id)
-                except UnknownName:
-                    missing.append(job.id)
-
-        threads = [threading.Thread(target=client, args=(c,)) for c in range(12)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(60)
-        assert missing == []
-        jobs = other.list()
-        assert len(jobs) == 120 and len({j.seq for j in jobs}) == 120
-
-
-def race_to_submit(stores: tuple[JobStore, JobStore], r: int) -> list[tuple[str, bool]]:
-    """Four threads, released together, alternating between `stores`, each submit a job
-    of its own id with the client request id `req-r`: (job id, created) each."""
-    barrier = threading.Barrier(4)
-    got: list[tuple[str, bool]] = []
-
-    def submit(n: int) -> None:
-        barrier.wait()
-        job, created = stores[n % 2].submit(f"r{r}-{n}", spec(), client_request_id=f"req-{r}")
-        got.append((job.id, created))
-
-    threads = [threading.Thread(target=submit, args=(n,)) for n in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
-    return got
-
-
-def test_racing_stores_with_one_request_id_make_one_job(where: str) -> None:
-    """Two stores on one database (two replicas), threads of each submitting with one
-    client request id at once: one job is made, and every caller gets it."""
-    with JobStore(where) as a, JobStore(where) as b:
-        for r in range(5):
-            got = race_to_submit((a, b), r)
-            assert len(got) == 4 and len({job_id for job_id, _ in got}) == 1, got
-            assert sum(created for _, created in got) == 1, got
-        assert len(a.list()) == len(b.list()) == 5
 
 
 # ------------------------------------------------------------------ idempotent submission
@@ -341,75 +246,6 @@ def test_transition_of_an_unknown_job(store: JobStore) -> None:
         store.transition("nope", S.CANCELLED)
 
 
-def race_to_schedule(store: JobStore, job_id: str) -> tuple[list[str], list[Exception]]:
-    """Two threads, released together, each place `job_id` on its own node."""
-    barrier = threading.Barrier(2)
-    won: list[str] = []
-    lost: list[Exception] = []
-
-    def place(node: str) -> None:
-        barrier.wait()
-        try:
-            store.transition(job_id, S.SCHEDULED, sockets=(f"{node}.s0",))
-            won.append(node)
-        except IllegalTransition as e:
-            lost.append(e)
-
-    threads = [threading.Thread(target=place, args=(n,)) for n in ("n0", "n1")]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return won, lost
-
-
-def test_racing_threads_cannot_both_schedule_a_job(store: JobStore) -> None:
-    for r in range(20):
-        store.submit(f"j{r}", spec())
-        won, lost = race_to_schedule(store, f"j{r}")
-        assert len(won) == 1 and len(lost) == 1, (won, lost)
-        job = store.get(f"j{r}")
-        assert job.state is S.SCHEDULED and job.sockets == (f"{won[0]}.s0",)
-        assert states(store, f"j{r}") == ["PENDING", "SCHEDULED"]
-
-
-def test_a_stale_read_loses_the_compare_and_set(
-    store: JobStore, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # Another process moves the job between our read and our write: the write must not
-    # land on top of it. Simulate the stale read by serving an old copy once.
-    store.submit("j1", spec())
-    stale = store.get("j1")
-    store.transition("j1", S.SCHEDULED, sockets=("n1.s0",))
-    real_load = store._load
-    served: list[Job] = []
-
-    def load_once_stale(db: Db, job_id: str, lock: str = "") -> Job:
-        if not served:
-            served.append(stale)
-            return stale
-        return real_load(db, job_id, lock)
-
-    monkeypatch.setattr(store, "_load", load_once_stale)
-    with pytest.raises(IllegalTransition, match="is SCHEDULED"):
-        store.transition("j1", S.SCHEDULED, sockets=("n0.s0",))
-    assert served == [stale]  # the stale copy was used, then re-read
-    assert store.get("j1").sockets == ("n1.s0",)
-    assert states(store, "j1") == ["PENDING", "SCHEDULED"]
-
-
-def test_two_stores_on_one_database_share_one_submission_order(where: str) -> None:
-    with JobStore(where) as a, JobStore(where) as b:
-        for i in range(3):
-            a.submit(f"a{i}", spec())
-            b.submit(f"b{i}", spec())
-        assert [(j.id, j.seq) for j in a.list()] == [
-            ("a0", 1), ("b0", 2), ("a1", 3), ("b1", 4), ("a2", 5), ("b2", 6)
-        ]  # fmt: skip
-        b.transition("a0", S.CANCELLED)
-        assert a.get("a0").state is S.CANCELLED  # no stale cache
-
-
 # ------------------------------------------------------------------ events
 
 
@@ -449,9 +285,9 @@ def test_an_event_payload_that_is_not_json_is_refused(store: JobStore) -> None:
 # ------------------------------------------------------------------ recovery
 
 
-def crashed_store(where: str) -> JobStore:
+def crashed_store(store_location: str) -> JobStore:
     """Jobs in every state, as a crash would leave them."""
-    store = JobStore(where)
+    store = JobStore(store_location)
     for job_id in ("pending", "scheduled", "run1", "run3", "done", "failed", "cancelled"):
         store.submit(job_id, spec())
     store.transition("scheduled", S.SCHEDULED, sockets=("n0.s0",))
@@ -471,10 +307,10 @@ def crashed_store(where: str) -> JobStore:
 TERMINALS = ("done", "failed", "cancelled")
 
 
-def test_recover_retries_running_jobs_until_max_attempts(where: str) -> None:
-    with crashed_store(where) as store:
+def test_recover_retries_running_jobs_until_max_attempts(store_location: str) -> None:
+    with crashed_store(store_location) as store:
         untouched = {j: (store.get(j), store.events(j)) for j in (*TERMINALS, "pending")}
-    with JobStore(where) as store:
+    with JobStore(store_location) as store:
         changed = store.recover(policy="retry", max_attempts=3)
         assert [(j.id, j.state) for j in changed] == [
             ("scheduled", S.PENDING),
@@ -496,8 +332,8 @@ def test_recover_retries_running_jobs_until_max_attempts(where: str) -> None:
         assert store.recover() == []  # nothing left to settle
 
 
-def test_recover_with_a_higher_max_attempts_retries_more(where: str) -> None:
-    with crashed_store(where) as store:
+def test_recover_with_a_higher_max_attempts_retries_more(store_location: str) -> None:
+    with crashed_store(store_location) as store:
         changed = store.recover(policy="retry", max_attempts=4)
         assert {j.id: j.state for j in changed} == {
             "scheduled": S.PENDING,
@@ -506,8 +342,8 @@ def test_recover_with_a_higher_max_attempts_retries_more(where: str) -> None:
         }
 
 
-def test_recover_with_the_fail_policy_fails_running_jobs(where: str) -> None:
-    with crashed_store(where) as store:
+def test_recover_with_the_fail_policy_fails_running_jobs(store_location: str) -> None:
+    with crashed_store(store_location) as store:
         terminal = {j: store.get(j) for j in TERMINALS}
         changed = store.recover(policy="fail", max_attempts=3)
         assert {j.id: j.state for j in changed} == {
