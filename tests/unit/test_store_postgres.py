@@ -100,8 +100,8 @@ def terminate(server: PostgresServer, url: str) -> None:
 def test_connections_the_server_closed_are_replaced(
     postgres: PostgresServer, postgres_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Replaced all at once: one at a time, the pool's backoff between them (1 s, 2 s,
-    # ...) would exceed this wait with four.
+    # Replaced all at once: one at a time, the pool's backoff between them (0, 1 s,
+    # 2 s, 4 s) would exceed this wait with four.
     monkeypatch.setattr(pg, "POOL_WAIT_S", 2.5)
     with JobStore(postgres_url) as store:
         store.submit("j1", spec())

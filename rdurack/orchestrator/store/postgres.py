@@ -92,8 +92,8 @@ class PostgresBackend:
             ConnectionPool.check_connection(conn)
         except psycopg.OperationalError:
             # What closed this one closed the idle others too. Test them all now: found
-            # one per call, each would cost that call the pool's backoff (1 s, doubled
-            # each time), and a few would exceed POOL_WAIT_S.
+            # one at a time, each would add the pool's backoff (none, then 1 s, doubled
+            # each time) to the call waiting: six would exceed POOL_WAIT_S.
             self._pool.check()
             raise
 
