@@ -29,7 +29,7 @@ export RAY_AUTH_MODE := disabled
 CHAOS_S ?= 170
 CHAOS_SEED ?=
 
-.PHONY: help install proto lint typecheck test run bench docs chaos clean k8s-render k8s-apply k8s-secrets
+.PHONY: help install postgres proto lint typecheck test run bench docs chaos clean k8s-render k8s-apply k8s-secrets
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-11s %s\n", $$1, $$2}'
@@ -40,7 +40,21 @@ $(INSTALL_STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	@touch $@
 
-install: $(INSTALL_STAMP) ## create .venv and install rdurack with its dev tools (idempotent)
+install: $(INSTALL_STAMP) postgres ## create .venv and install rdurack with its dev tools (idempotent)
+
+# The PostgreSQL job store's tests start a throwaway server (tests/support/postgres.py)
+# with initdb and pg_ctl, from PATH or Debian's /usr/lib/postgresql/VERSION/bin. Where
+# neither has them, Debian's package is installed (as root, else through sudo), so
+# `make test` runs those tests on a fresh machine instead of failing them.
+postgres: ## install PostgreSQL from Debian's packages where it is missing (the store tests)
+	@command -v initdb >/dev/null || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { \
+	  command -v apt-get >/dev/null || { \
+	    echo "PostgreSQL (initdb, pg_ctl) is missing and apt-get is not here: install PostgreSQL 15"; \
+	    exit 1; }; \
+	  sudo=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+	  echo "installing PostgreSQL (Debian's postgresql package) for the job store's tests"; \
+	  $$sudo apt-get update -qq && \
+	  $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql; }
 
 $(PROTO_STAMP): $(INSTALL_STAMP) $(PROTO_SRC)
 	@rm -rf $(GEN_DIR) && mkdir -p $(GEN_DIR)
@@ -58,7 +72,7 @@ lint: $(PROTO_STAMP) ## ruff
 typecheck: $(PROTO_STAMP) ## mypy, strict
 	$(BIN)/mypy rdurack tests
 
-test: lint typecheck ## lint, typecheck and the whole test suite (fails if no test runs)
+test: lint typecheck postgres ## lint, typecheck and the whole test suite (fails if no test runs)
 	@$(BIN)/pytest; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest selected no test: failing on purpose"; exit 1; fi; \
 	exit $$rc

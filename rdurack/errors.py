@@ -87,6 +87,11 @@ class LinkFailure(RdurackError):
     """A link is down, a peer does not answer, or an expected message never came."""
 
 
+class StoreUnavailable(RdurackError):
+    """The job store's server did not answer, or the connection to it broke (PostgreSQL):
+    the request may be retried; a submission with a client_request_id is not doubled."""
+
+
 class OneProcessPerSocket(RdurackError):
     """A spec that would run two processes (TP or DDP ranks) on one socket. Refused
     before it runs: an RDU serves one process at a time."""

@@ -7,6 +7,7 @@ over a tenant quota   RESOURCE_EXHAUSTED (tenant, asked, quota)
 wrong state, busy     FAILED_PRECONDITION
 not allowed           PERMISSION_DENIED (another tenant's job)
 link or socket down   UNAVAILABLE
+job store unreachable UNAVAILABLE (PostgreSQL down or cut off: retry)
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from rdurack.errors import (
     QuotaExceeded,
     RdurackError,
     SocketBusy,
+    StoreUnavailable,
     UnknownName,
 )
 
@@ -38,6 +40,7 @@ CODES: list[tuple[type[Exception], grpc.StatusCode]] = [
     (UnknownName, grpc.StatusCode.NOT_FOUND),
     (SocketBusy, grpc.StatusCode.FAILED_PRECONDITION),
     (LinkFailure, grpc.StatusCode.UNAVAILABLE),
+    (StoreUnavailable, grpc.StatusCode.UNAVAILABLE),
     (InvalidRequest, grpc.StatusCode.INVALID_ARGUMENT),
     (RdurackError, grpc.StatusCode.FAILED_PRECONDITION),
 ]

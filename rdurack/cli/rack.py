@@ -52,6 +52,15 @@ def up_cmd(
         int, typer.Option(min=0, max=65535, help="the endpoint's port (0: any free one)")
     ] = 8000,
     serve_sockets: Annotated[int, typer.Option(min=1, help="sockets each --serve model holds")] = 8,
+    store: Annotated[
+        str,
+        typer.Option(
+            "--store",
+            envvar="RDURACK_STORE",
+            help="the job store: a postgresql:// URL (its password in PGPASSWORD or "
+            "~/.pgpass), or a SQLite file; default STATE_DIR/jobs.sqlite",
+        ),
+    ] = "",
 ) -> None:
     """Start local Ray, the node agents and the orchestrator (and with --serve the
     OpenAI-compatible endpoint on them); return once all serve."""
@@ -70,6 +79,7 @@ def up_cmd(
         serve=serve or (),
         serve_port=serve_port,
         serve_sockets=serve_sockets,
+        store=store,
     )
     print(
         f"rack up: {nodes} x {sockets_per_node} sockets; orchestrator at {rack.orchestrator}; "

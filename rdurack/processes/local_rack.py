@@ -40,6 +40,7 @@ from pathlib import Path
 
 from rdurack import RAY_ENVIRONMENT
 from rdurack.errors import RdurackError
+from rdurack.orchestrator.store.jobstore import is_url
 from rdurack.processes import children, rack_record
 from rdurack.security import certs
 from rdurack.security.auth import load_tokens
@@ -105,12 +106,15 @@ def up(
     serve: Sequence[str] = (),
     serve_port: int = 8000,
     serve_sockets: int = 8,
+    store: str = "",
 ) -> rack_record.RackProcesses:
     """Start the Ray head, `nodes` node agents and the orchestrator; return when all
     serve. On failure, stop what was started and raise an RdurackError naming the
     process that failed, with the end of its log. `on_ready(name, address)` is called as
     each becomes ready. `tls`, `tokens`: the module docstring. `time_scale`: the sockets'
-    pacing, wall s per emulated s (0: as fast as the machine allows)."""
+    pacing, wall s per emulated s (0: as fast as the machine allows). `store`: the
+    orchestrator's job store, a postgresql:// URL or a SQLite path (empty:
+    STATE_DIR/jobs.sqlite)."""
     if nodes < 1 or sockets_per_node < 1:
         raise RdurackError("--nodes and --sockets-per-node must be at least 1")
     if not 0 <= port <= 65535:
@@ -183,6 +187,9 @@ def up(
         args += ["--agents", ",".join(rack.addresses[n] for n in agents), *security]
         if tokens is not None:
             args += ["--tokens", rack.tokens]
+        if store:
+            # A file made absolute, as the state dir is: the children may change directory.
+            args += ["--store", store if is_url(store) else str(Path(store).resolve())]
         started(
             "orchestrator",
             _spawn("orchestrator", "rdurack.processes.orchestrator_main", args, logs),

@@ -4,7 +4,12 @@ Settings come from flags, else the environment (`OrchestratorSettings`, read as
 processes/settings.py says); a value it cannot take is one line on stderr, exit code 2:
 
     --agents      RDURACK_AGENTS             node agent addresses, node 0 first, comma-separated
-    --state-dir   RDURACK_STATE_DIR          where the job store lives (DIR/jobs.sqlite)
+    --state-dir   RDURACK_STATE_DIR          where the job store lives without --store
+                                             (DIR/jobs.sqlite; default .state)
+    --store       RDURACK_STORE              the job store: a SQLite file path, or a
+                                             postgresql:// URL, a database several
+                                             orchestrators may share (its password in
+                                             PGPASSWORD or ~/.pgpass, not the URL)
     --host        RDURACK_HOST               address to serve on (default 127.0.0.1)
     --port        RDURACK_ORCHESTRATOR_PORT  JobService/RackService port (default 50051)
     --platform    RDURACK_PLATFORM           platform preset (default sn40l-rack16)
@@ -74,6 +79,7 @@ class OrchestratorSettings(TlsSettings):
 
     agents: str = ""  # comma-separated; `agent_addresses` splits them
     state_dir: Path = Path(".state")
+    store: str = ""  # empty: STATE_DIR/jobs.sqlite
     host: str = "127.0.0.1"
     port: int = Field(50051, ge=0, le=65535, json_schema_extra=env("RDURACK_ORCHESTRATOR_PORT"))
     platform: str = "sn40l-rack16"
@@ -104,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         if tls is not None:
             tls.key_pair()  # a server needs its own certificate: refuse now, not later
         auth = Authenticator.from_file(args.tokens)
-        store = JobStore(args.state_dir / "jobs.sqlite")
+        store = JobStore(args.store or args.state_dir / "jobs.sqlite")
     except (RdurackError, ValueError) as e:
         print(f"orchestrator: {e}", file=sys.stderr)
         return 2

@@ -580,7 +580,9 @@ def test_fuzzed_requests_get_proper_statuses_and_the_server_keeps_serving(
 class Process:
     """`python -m rdurack.processes.orchestrator_main` with its output in files."""
 
-    def __init__(self, state_dir: Path, agents: list[str], log_dir: Path, name: str) -> None:
+    def __init__(
+        self, state_dir: Path, agents: list[str], log_dir: Path, name: str, store: str = ""
+    ) -> None:
         self.out = log_dir / f"{name}.out"
         self.err = log_dir / f"{name}.err"
         with self.out.open("w") as out, self.err.open("w") as err:
@@ -599,6 +601,7 @@ class Process:
                     ",".join(agents),
                     "--platform",
                     PLATFORM,
+                    *(["--store", store] if store else []),
                 ],
                 stdout=out,
                 stderr=err,
@@ -639,14 +642,17 @@ def restart_specs() -> list[job_pb2.JobSpec]:
 
 
 def test_killed_orchestrator_restarts_and_finishes_every_job(
-    rack: list[ServedAgent], tmp_path: Path
+    rack: list[ServedAgent], tmp_path: Path, store_location: str
 ) -> None:
+    """On both stores: SQLite, the default in the state dir (store_location is that
+    file), and PostgreSQL, which --store names."""
     agents = [a.server.address for a in rack]
     state = tmp_path / "state"
+    store = store_location if store_location.startswith("postgresql://") else ""
     started: list[Process] = []
     ids: list[str] = []
     try:
-        first = Process(state, agents, tmp_path, "first")
+        first = Process(state, agents, tmp_path, "first", store)
         started.append(first)
         with channel(first.ready()) as ch:
             stub = job_pb2_grpc.JobServiceStub(ch)
@@ -661,16 +667,16 @@ def test_killed_orchestrator_restarts_and_finishes_every_job(
         first.proc.wait(timeout=30)
         assert len(set(ids)) == 20
 
-        # What the killed orchestrator left on disk: some finished, some not.
-        with JobStore(state / "jobs.sqlite") as store:
-            at_kill = {j.id: j.state.value for j in store.list()}
+        # What the killed orchestrator left in its store: some finished, some not.
+        with JobStore(store_location) as left:
+            at_kill = {j.id: j.state.value for j in left.list()}
         assert sorted(at_kill) == sorted(ids)
         finished = [i for i, s in at_kill.items() if s in ("SUCCEEDED", "FAILED", "CANCELLED")]
         assert len(finished) >= 3, at_kill
         assert len(finished) < 20, "every job finished before the kill: nothing to recover"
         was_running = [i for i, s in at_kill.items() if s == "RUNNING"]
 
-        second = Process(state, agents, tmp_path, "second")
+        second = Process(state, agents, tmp_path, "second", store)
         started.append(second)
         with channel(second.ready()) as ch:
             stub = job_pb2_grpc.JobServiceStub(ch)

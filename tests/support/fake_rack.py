@@ -269,11 +269,12 @@ class FakeClock:
 
 
 @contextmanager
-def stepped(store_path: Path, gateway: FakeGateway, **options: Any) -> Iterator[Orchestrator]:
-    """An orchestrator on the fake gateway (and `options`), started without its
-    scheduling and health threads: the test runs each round itself. On exit the gate
-    opens (a run the test held must not hold up the workers) and it stops."""
-    o = Orchestrator(JobStore(store_path), gateway, RACK, **options)
+def stepped(store: str | Path, gateway: FakeGateway, **options: Any) -> Iterator[Orchestrator]:
+    """An orchestrator on the fake gateway (and `options`) and the job store at `store`
+    (a SQLite path or a PostgreSQL URL), started without its scheduling and health
+    threads: the test runs each round itself. On exit the gate opens (a run the test
+    held must not hold up the workers) and it stops."""
+    o = Orchestrator(JobStore(store), gateway, RACK, **options)
     o.start(background=False)
     try:
         yield o

@@ -10,10 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from rdurack.orchestrator.group_commit import CommitFailed, GroupCommit
-from rdurack.orchestrator.jobs import JobSpec, KernelWorkload
-from rdurack.orchestrator.store import JobStore
-from rdurack.rack.kernels import Phase
+from rdurack.orchestrator.store.group_commit import CommitFailed, GroupCommit
 
 
 @pytest.fixture
@@ -145,40 +142,3 @@ def test_a_failed_commit_fails_every_write_of_its_batch(
     with gc.write() as c:  # the store carries on after a failed commit
         c.execute("INSERT INTO t VALUES ('z')")
     assert _on_disk(path) == {"z"}
-
-
-def test_every_acknowledged_submission_is_in_the_file_when_submit_returns(
-    tmp_path: Path,
-) -> None:
-    """SubmitJob acknowledges what `JobStore.submit` returns: from many threads at once,
-    each job is already in the file, for another connection, when its submit returns."""
-    path = tmp_path / "jobs.sqlite"
-    store = JobStore(path)
-    spec = JobSpec(
-        workload=KernelWorkload(model="llama2-7b", phase=Phase.PREFILL, sequence_length=128)
-    )
-    missing: list[str] = []
-
-    def client(c: int) -> None:
-        other = sqlite3.connect(path)
-        try:
-            for n in range(10):
-                job, _ = store.submit(f"job-{c}-{n}", spec)
-                row = other.execute("SELECT state FROM jobs WHERE id = ?", (job.id,)).fetchone()
-                if row is None:
-                    missing.append(job.id)
-        finally:
-            other.close()
-
-    threads = [threading.Thread(target=client, args=(c,)) for c in range(12)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
-    store.close()
-    assert missing == []
-    check = sqlite3.connect(path)
-    try:
-        assert check.execute("SELECT COUNT(*) FROM jobs").fetchone()[0] == 120
-    finally:
-        check.close()

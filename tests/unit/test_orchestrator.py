@@ -5,8 +5,6 @@ The tests step the orchestrator: each scheduling round a test needs, it runs
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from rdurack.errors import (
@@ -160,13 +158,14 @@ def test_watch_streams_until_the_job_ends(orch: Orchestrator) -> None:
     assert list(orch.watch(job.id, after=events[-1].seq)) == []
 
 
-def test_a_restarted_orchestrator_runs_what_was_queued(tmp_path: Path) -> None:
+def test_a_restarted_orchestrator_runs_what_was_queued(store_location: str) -> None:
+    """On both stores: a SQLite file, a PostgreSQL database (tests/conftest.py)."""
     gateway = FakeGateway()
-    store = JobStore(tmp_path / "jobs.sqlite")
+    store = JobStore(store_location)
     first = Orchestrator(store, gateway, RACK)  # never started: it only accepts
     ids = [first.submit(spec(sockets=2, steps=3))[0].id for _ in range(5)]
     store.close()
-    with stepped(tmp_path / "jobs.sqlite", gateway, poll_s=0.05) as second:
+    with stepped(store_location, gateway, poll_s=0.05) as second:
         assert second.schedule_once() == 5
         assert [wait_for(second, i) for i in ids] == [JobState.SUCCEEDED] * 5
 

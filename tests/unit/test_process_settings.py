@@ -13,11 +13,13 @@ from rdurack.processes import node_agent_main, orchestrator_main, ray_head
 from rdurack.processes.node_agent_main import NodeAgentSettings
 from rdurack.processes.orchestrator_main import OrchestratorSettings
 from rdurack.processes.settings import SettingsRefused, load
+from tests.support.ports import free_port
 
 # Every variable the processes read, cleared so the machine's own cannot leak in.
 VARIABLES = (
     "RDURACK_AGENTS",
     "RDURACK_STATE_DIR",
+    "RDURACK_STORE",
     "RDURACK_HOST",
     "RDURACK_ORCHESTRATOR_PORT",
     "RDURACK_AGENT_PORT",
@@ -54,7 +56,7 @@ def test_the_defaults_are_todays() -> None:
     assert (o.agent_addresses, o.state_dir, o.host, o.port) == ([], Path(".state"), LOOPBACK, 50051)
     assert (o.platform, o.spec, o.recovery, o.checkpoint_dir) == (RACK16, None, "retry", None)
     assert (o.metrics_port, o.tokens, o.health_port, o.tls()) == (None, None, None, None)
-    assert o.tls_rack_identity == "rdurack-rack"
+    assert (o.tls_rack_identity, o.store) == ("rdurack-rack", "")
     a = load(NodeAgentSettings, [])
     assert (a.node_index, a.platform, a.spec, a.ray_address) == (0, RACK16, None, "")
     assert (a.host, a.port, a.time_scale, a.health_port) == (LOOPBACK, 0, 0.0, None)
@@ -66,11 +68,13 @@ def test_flags_and_variables_both_set_every_setting(monkeypatch: pytest.MonkeyPa
         [
             *("--agents", "a:1, b:2", "--port", "7", "--spec", "s.yaml", "--recovery=fail"),
             *("--metrics-port", "9100", "--tls-rack-identity", "rack-b"),
+            *("--store", "postgresql://db/jobs"),
         ],
     )
     assert flags.agent_addresses == ["a:1", "b:2"]
     assert (flags.port, flags.spec, flags.recovery) == (7, Path("s.yaml"), "fail")
     assert (flags.metrics_port, flags.tls_rack_identity) == (9100, "rack-b")
+    assert flags.store == "postgresql://db/jobs"
     for name, value in {
         "RDURACK_AGENTS": "a:1,b:2",
         "RDURACK_ORCHESTRATOR_PORT": "8",
@@ -78,6 +82,7 @@ def test_flags_and_variables_both_set_every_setting(monkeypatch: pytest.MonkeyPa
         "RDURACK_RECOVERY": "fail",
         "RDURACK_METRICS_PORT": "9101",
         "RDURACK_TLS_RACK_IDENTITY": "rack-c",
+        "RDURACK_STORE": "/var/lib/rdurack/jobs.sqlite",
         "RDURACK_NODE_INDEX": "1",
         "RDURACK_AGENT_PORT": "50061",
         "RDURACK_TIME_SCALE": "0.5",
@@ -88,6 +93,7 @@ def test_flags_and_variables_both_set_every_setting(monkeypatch: pytest.MonkeyPa
     assert variables.agent_addresses == ["a:1", "b:2"]
     assert (variables.port, variables.spec, variables.recovery) == (8, Path("t.yaml"), "fail")
     assert (variables.metrics_port, variables.tls_rack_identity) == (9101, "rack-c")
+    assert variables.store == "/var/lib/rdurack/jobs.sqlite"
     agent = load(NodeAgentSettings, [])
     assert (agent.node_index, agent.port, agent.time_scale, agent.ray_address) == (
         1,
@@ -165,6 +171,16 @@ def test_bad_orchestrator_settings_are_one_line_naming_each(
         "RDURACK_METRICS_PORT=many: Input should be a valid integer, unable to parse string "
         "as an integer"
     ]
+
+
+def test_a_store_that_cannot_be_opened_is_one_line_without_its_password(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    url = f"postgresql://rdu:s3cret@127.0.0.1:{free_port()}/jobs"  # nothing listens there
+    assert orchestrator_main.main(["--agents", "a:1,b:2", "--store", url]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("orchestrator: cannot open job store postgresql://rdu:***@127.0.0.1:")
+    assert "s3cret" not in line
 
 
 def test_the_ray_head_takes_no_flag(capsys: pytest.CaptureFixture[str]) -> None:

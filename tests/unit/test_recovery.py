@@ -4,12 +4,12 @@ calls aborted) and the job retried elsewhere; GetRack's view says what is down, 
 when and why.
 
 The tests step the orchestrator: they run each scheduling round (`schedule_once`) and
-health round (`supervise_once`) themselves, on a clock they advance."""
+health round (`supervise_once`) themselves, on a clock they advance. Each runs on both
+job stores, SQLite and PostgreSQL (`store_location`, tests/conftest.py)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -34,9 +34,9 @@ DEAD_AFTER_S = 0.3
 
 
 @pytest.fixture
-def orch(tmp_path: Path, gateway: FakeGateway, clock: FakeClock) -> Iterator[Orchestrator]:
+def orch(store_location: str, gateway: FakeGateway, clock: FakeClock) -> Iterator[Orchestrator]:
     with stepped(
-        tmp_path / "jobs.sqlite",
+        store_location,
         gateway,
         poll_s=0.05,
         dead_after_s=DEAD_AFTER_S,
@@ -112,11 +112,11 @@ def test_an_agent_that_goes_silent_fails_its_job_over_to_the_other_node(
 
 
 def test_when_one_node_of_a_job_fails_its_other_node_is_aborted(
-    tmp_path: Path, gateway: FakeGateway
+    store_location: str, gateway: FakeGateway
 ) -> None:
     """No watcher: a job's own failure on node 1 stops its part on node 0 at once,
     which would otherwise wait for node 1's messages until its timeout."""
-    with stepped(tmp_path / "jobs.sqlite", gateway, heartbeat_s=None, max_attempts=1) as o:
+    with stepped(store_location, gateway, heartbeat_s=None, max_attempts=1) as o:
         gateway.gate.clear()  # node 0 waits until aborted
         gateway.fail_node = 1
         job, _ = o.submit(spec(sockets=16, steps=2))
@@ -129,11 +129,11 @@ def test_when_one_node_of_a_job_fails_its_other_node_is_aborted(
 
 
 def test_a_retried_job_waits_its_backoff_before_it_is_placed_again(
-    tmp_path: Path, gateway: FakeGateway
+    store_location: str, gateway: FakeGateway
 ) -> None:
     """On the real clock: rounds run until the job is placed again, which is no sooner
     than its backoff after it was retried (a slow machine: later)."""
-    with stepped(tmp_path / "jobs.sqlite", gateway, heartbeat_s=None, retry_backoff_s=0.4) as o:
+    with stepped(store_location, gateway, heartbeat_s=None, retry_backoff_s=0.4) as o:
         failures = iter([LinkFailure("link down")])
         gateway.fail = lambda job_id: next(failures, None)
         job, _ = o.submit(spec(sockets=2, steps=1))
@@ -148,12 +148,12 @@ def test_a_retried_job_waits_its_backoff_before_it_is_placed_again(
 
 
 def test_a_retried_jobs_backoff_doubles_with_each_attempt(
-    tmp_path: Path, gateway: FakeGateway, clock: FakeClock
+    store_location: str, gateway: FakeGateway, clock: FakeClock
 ) -> None:
     """On the test's clock: no round places the job before its backoff is over (times
     in binary fractions of a second, so the sums are exact)."""
     options = {"heartbeat_s": None, "retry_backoff_s": 0.5, "clock": clock}
-    with stepped(tmp_path / "jobs.sqlite", gateway, **options) as o:
+    with stepped(store_location, gateway, **options) as o:
         failures = iter([LinkFailure("link down"), LinkFailure("link down")])
         gateway.fail = lambda job_id: next(failures, None)
         job, _ = o.submit(spec(sockets=2, steps=1))

@@ -1,67 +1,31 @@
-"""JobStore: jobs survive restarts, transitions are atomic and legal, recovery settles crashes."""
+"""JobStore: jobs survive restarts, transitions are atomic and legal, recovery settles crashes.
+
+Every test that takes `store_location` or `store` runs on both stores: a SQLite file and
+a PostgreSQL database (tests/conftest.py). Writers at once: test_store_concurrency.py."""
 
 from __future__ import annotations
 
-import sqlite3
 import subprocess
 import sys
-import threading
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from pydantic_core import PydanticSerializationError
 
 from rdurack.errors import InvalidRequest, UnknownName
-from rdurack.orchestrator.jobs import IllegalTransition, Job, JobSpec, JobState, KernelWorkload
+from rdurack.orchestrator.jobs import IllegalTransition, JobState
 from rdurack.orchestrator.results import (
     CoeResult,
     KernelResult,
 )
 from rdurack.orchestrator.store import JobStore
-from rdurack.rack.kernels import FusionPlan, Phase
+from rdurack.rack.kernels import FusionPlan
 from rdurack.workloads.coe.report import RequestResult
-
-S = JobState
-DONE = KernelResult(emulated_s=1e-3, kernel_calls=3)
-
-
-def spec(name: str = "job", priority: int = 0, sockets: int = 8, **workload: object) -> JobSpec:
-    return JobSpec(
-        name=name,
-        priority=priority,
-        workload=KernelWorkload(
-            model="llama3-8b", phase=Phase.DECODE, num_sockets=sockets, **workload
-        ),
-    )
-
-
-@pytest.fixture
-def db_path(tmp_path: Path) -> Path:
-    return tmp_path / "state" / "jobs.sqlite"  # the store creates the directory
-
-
-@pytest.fixture
-def store(db_path: Path) -> Iterator[JobStore]:
-    with JobStore(db_path) as s:
-        yield s
-
-
-def states(store: JobStore, job_id: str) -> list[str]:
-    return [e.payload["state"] for e in store.events(job_id) if e.kind == "state"]
-
-
-def run(store: JobStore, job_id: str, sockets: tuple[str, ...] = ("n0.s0",)) -> None:
-    """PENDING -> SCHEDULED -> RUNNING, started once more."""
-    store.transition(job_id, S.SCHEDULED, sockets=sockets)
-    attempts = store.get(job_id).attempts
-    store.transition(job_id, S.RUNNING, attempts=attempts + 1, emulated_start_ns=1_000)
-
+from tests.support.store import DONE, S, run, spec, states
 
 # ------------------------------------------------------------------ round trips
 
 
-def test_submit_get_list_round_trip_every_field(db_path: Path) -> None:
+def test_submit_get_list_round_trip_every_field(store_location: str) -> None:
     original = spec(
         "decode-7",
         priority=5,
@@ -70,7 +34,7 @@ def test_submit_get_list_round_trip_every_field(db_path: Path) -> None:
         sequence_length=2048,
         output_tokens=16,
     )
-    with JobStore(db_path) as store:
+    with JobStore(store_location) as store:
         job, created = store.submit("j1", original, client_request_id="req-1")
         assert created and job.state is S.PENDING and job.seq == 1
         result = CoeResult(
@@ -85,7 +49,7 @@ def test_submit_get_list_round_trip_every_field(db_path: Path) -> None:
         done = store.transition(
             "j1", S.SUCCEEDED, emulated_end_ns=2**62, result=result, error="a note"
         )
-    with JobStore(db_path) as store:
+    with JobStore(store_location) as store:
         again = store.get("j1")
         assert again == done  # every field, timestamps included
         assert again.spec == original
@@ -98,35 +62,35 @@ def test_submit_get_list_round_trip_every_field(db_path: Path) -> None:
         assert store.list() == [again]
 
 
-def test_a_fresh_job_has_empty_optional_fields() -> None:
-    with JobStore(":memory:") as store:
-        job, _ = store.submit("j1", spec())
-        got = store.get("j1")
-        assert got == job
-        assert got.client_request_id is None and got.result is None and got.sockets == ()
-        assert got.emulated_start_ns is None and got.error == ""
-        assert [(e.seq, e.kind, e.payload) for e in store.events("j1")] == [
-            (1, "state", {"state": "PENDING"})
-        ]
+def test_a_fresh_job_has_empty_optional_fields(store: JobStore) -> None:
+    job, _ = store.submit("j1", spec())
+    got = store.get("j1")
+    assert got == job
+    assert got.client_request_id is None and got.result is None and got.sockets == ()
+    assert got.emulated_start_ns is None and got.error == ""
+    assert [(e.seq, e.kind, e.payload) for e in store.events("j1")] == [
+        (1, "state", {"state": "PENDING"})
+    ]
 
 
-def test_list_filters_by_state_in_submission_order() -> None:
-    with JobStore(":memory:") as store:
-        for i in range(5):
-            store.submit(f"j{i}", spec(priority=i))
-        store.transition("j3", S.CANCELLED)
-        store.transition("j1", S.FAILED, error="boom")
-        assert [j.id for j in store.list()] == ["j0", "j1", "j2", "j3", "j4"]
-        assert [j.id for j in store.list({S.CANCELLED, S.FAILED})] == ["j1", "j3"]
-        assert [j.id for j in store.list([S.PENDING])] == ["j0", "j2", "j4"]
-        assert store.list([]) == []
+def test_list_filters_by_state_in_submission_order(store: JobStore) -> None:
+    for i in range(5):
+        store.submit(f"j{i}", spec(priority=i))
+    store.transition("j3", S.CANCELLED)
+    store.transition("j1", S.FAILED, error="boom")
+    assert [j.id for j in store.list()] == ["j0", "j1", "j2", "j3", "j4"]
+    assert [j.id for j in store.list({S.CANCELLED, S.FAILED})] == ["j1", "j3"]
+    assert [j.id for j in store.list([S.PENDING])] == ["j0", "j2", "j4"]
+    assert store.list([]) == []
+    assert [j.id for j in store.list(tenant="")] == [f"j{i}" for i in range(5)]
+    assert store.list(tenant="bob") == []
 
 
 # ------------------------------------------------------------------ durability
 
 
-def test_a_reopened_store_has_every_job_state_and_event(db_path: Path) -> None:
-    store = JobStore(db_path)
+def test_a_reopened_store_has_every_job_state_and_event(store_location: str) -> None:
+    store = JobStore(store_location)
     for i in range(6):
         store.submit(f"j{i}", spec(priority=i % 2))
     run(store, "j0")
@@ -138,7 +102,7 @@ def test_a_reopened_store_has_every_job_state_and_event(db_path: Path) -> None:
     history = {j: store.events(j) for j in before}
     store.close()
 
-    restarted = JobStore(db_path)  # a new orchestrator process on the same file
+    restarted = JobStore(store_location)  # a new orchestrator process on the same file
     jobs = restarted.list()
     assert [j.id for j in jobs] == ["j0", "j1", "j2", "j3", "j4", "j5"]
     assert [j.seq for j in jobs] == [1, 2, 3, 4, 5, 6]
@@ -151,7 +115,7 @@ def test_a_reopened_store_has_every_job_state_and_event(db_path: Path) -> None:
     restarted.close()
 
 
-def test_an_acknowledged_write_survives_a_crash_without_close(db_path: Path) -> None:
+def test_an_acknowledged_write_survives_a_crash_without_close(store_location: str) -> None:
     # The child stores jobs and dies without closing the store or checkpointing the WAL.
     code = (
         "import os, sys\n"
@@ -165,9 +129,9 @@ def test_an_acknowledged_write_survives_a_crash_without_close(db_path: Path) -> 
         "s.transition('a', JobState.RUNNING, attempts=1)\n"
         "os._exit(0)\n"
     )
-    done = subprocess.run([sys.executable, "-c", code, str(db_path)], capture_output=True)
+    done = subprocess.run([sys.executable, "-c", code, store_location], capture_output=True)
     assert done.returncode == 0, done.stderr.decode()
-    with JobStore(db_path) as store:
+    with JobStore(store_location) as store:
         assert [(j.id, j.state) for j in store.list()] == [("a", S.RUNNING), ("b", S.PENDING)]
         assert [(j.id, j.state) for j in store.recover()] == [("a", S.PENDING)]
         assert [j.id for j in store.queued()] == ["a", "b"]
@@ -216,14 +180,14 @@ def test_jobs_without_a_client_request_id_never_collide(store: JobStore) -> None
 # ------------------------------------------------------------------ scheduling order
 
 
-def test_queued_is_priority_first_then_fifo() -> None:
-    with JobStore(":memory:") as store:
-        for job_id, prio in [("a", 0), ("b", 5), ("c", -1), ("d", 5), ("e", 0), ("f", 9)]:
-            store.submit(job_id, spec(priority=prio))
-        store.transition("f", S.SCHEDULED, sockets=("n0.s0",))  # no longer queued
-        assert [j.id for j in store.queued()] == ["b", "d", "a", "e", "c"]
-        store.transition("f", S.PENDING, sockets=())  # placement undone: keeps its seq
-        assert [j.id for j in store.queued()] == ["f", "b", "d", "a", "e", "c"]
+def test_queued_is_priority_first_then_fifo(store: JobStore) -> None:
+    for job_id, prio in [("a", 0), ("b", 5), ("c", -1), ("d", 5), ("e", 0), ("f", 9)]:
+        store.submit(job_id, spec(priority=prio))
+    store.transition("f", S.SCHEDULED, sockets=("n0.s0",))  # no longer queued
+    assert [j.id for j in store.queued()] == ["b", "d", "a", "e", "c"]
+    assert store.any_queued()
+    store.transition("f", S.PENDING, sockets=())  # placement undone: keeps its seq
+    assert [j.id for j in store.queued()] == ["f", "b", "d", "a", "e", "c"]
 
 
 # ------------------------------------------------------------------ transitions
@@ -282,75 +246,6 @@ def test_transition_of_an_unknown_job(store: JobStore) -> None:
         store.transition("nope", S.CANCELLED)
 
 
-def race_to_schedule(store: JobStore, job_id: str) -> tuple[list[str], list[Exception]]:
-    """Two threads, released together, each place `job_id` on its own node."""
-    barrier = threading.Barrier(2)
-    won: list[str] = []
-    lost: list[Exception] = []
-
-    def place(node: str) -> None:
-        barrier.wait()
-        try:
-            store.transition(job_id, S.SCHEDULED, sockets=(f"{node}.s0",))
-            won.append(node)
-        except IllegalTransition as e:
-            lost.append(e)
-
-    threads = [threading.Thread(target=place, args=(n,)) for n in ("n0", "n1")]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return won, lost
-
-
-def test_racing_threads_cannot_both_schedule_a_job(store: JobStore) -> None:
-    for r in range(20):
-        store.submit(f"j{r}", spec())
-        won, lost = race_to_schedule(store, f"j{r}")
-        assert len(won) == 1 and len(lost) == 1, (won, lost)
-        job = store.get(f"j{r}")
-        assert job.state is S.SCHEDULED and job.sockets == (f"{won[0]}.s0",)
-        assert states(store, f"j{r}") == ["PENDING", "SCHEDULED"]
-
-
-def test_a_stale_read_loses_the_compare_and_set(
-    store: JobStore, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # Another process moves the job between our read and our write: the write must not
-    # land on top of it. Simulate the stale read by serving an old copy once.
-    store.submit("j1", spec())
-    stale = store.get("j1")
-    store.transition("j1", S.SCHEDULED, sockets=("n1.s0",))
-    real_load = store._load
-    served: list[Job] = []
-
-    def load_once_stale(db: sqlite3.Connection, job_id: str) -> Job:
-        if not served:
-            served.append(stale)
-            return stale
-        return real_load(db, job_id)
-
-    monkeypatch.setattr(store, "_load", load_once_stale)
-    with pytest.raises(IllegalTransition, match="is SCHEDULED"):
-        store.transition("j1", S.SCHEDULED, sockets=("n0.s0",))
-    assert served == [stale]  # the stale copy was used, then re-read
-    assert store.get("j1").sockets == ("n1.s0",)
-    assert states(store, "j1") == ["PENDING", "SCHEDULED"]
-
-
-def test_two_stores_on_one_file_share_one_submission_order(db_path: Path) -> None:
-    with JobStore(db_path) as a, JobStore(db_path) as b:
-        for i in range(3):
-            a.submit(f"a{i}", spec())
-            b.submit(f"b{i}", spec())
-        assert [(j.id, j.seq) for j in a.list()] == [
-            ("a0", 1), ("b0", 2), ("a1", 3), ("b1", 4), ("a2", 5), ("b2", 6)
-        ]  # fmt: skip
-        b.transition("a0", S.CANCELLED)
-        assert a.get("a0").state is S.CANCELLED  # no stale cache
-
-
 # ------------------------------------------------------------------ events
 
 
@@ -390,9 +285,9 @@ def test_an_event_payload_that_is_not_json_is_refused(store: JobStore) -> None:
 # ------------------------------------------------------------------ recovery
 
 
-def crashed_store(path: Path | str) -> JobStore:
+def crashed_store(store_location: str) -> JobStore:
     """Jobs in every state, as a crash would leave them."""
-    store = JobStore(path)
+    store = JobStore(store_location)
     for job_id in ("pending", "scheduled", "run1", "run3", "done", "failed", "cancelled"):
         store.submit(job_id, spec())
     store.transition("scheduled", S.SCHEDULED, sockets=("n0.s0",))
@@ -412,10 +307,10 @@ def crashed_store(path: Path | str) -> JobStore:
 TERMINALS = ("done", "failed", "cancelled")
 
 
-def test_recover_retries_running_jobs_until_max_attempts(db_path: Path) -> None:
-    with crashed_store(db_path) as store:
+def test_recover_retries_running_jobs_until_max_attempts(store_location: str) -> None:
+    with crashed_store(store_location) as store:
         untouched = {j: (store.get(j), store.events(j)) for j in (*TERMINALS, "pending")}
-    with JobStore(db_path) as store:
+    with JobStore(store_location) as store:
         changed = store.recover(policy="retry", max_attempts=3)
         assert [(j.id, j.state) for j in changed] == [
             ("scheduled", S.PENDING),
@@ -437,8 +332,8 @@ def test_recover_retries_running_jobs_until_max_attempts(db_path: Path) -> None:
         assert store.recover() == []  # nothing left to settle
 
 
-def test_recover_with_a_higher_max_attempts_retries_more(db_path: Path) -> None:
-    with crashed_store(db_path) as store:
+def test_recover_with_a_higher_max_attempts_retries_more(store_location: str) -> None:
+    with crashed_store(store_location) as store:
         changed = store.recover(policy="retry", max_attempts=4)
         assert {j.id: j.state for j in changed} == {
             "scheduled": S.PENDING,
@@ -447,8 +342,8 @@ def test_recover_with_a_higher_max_attempts_retries_more(db_path: Path) -> None:
         }
 
 
-def test_recover_with_the_fail_policy_fails_running_jobs(db_path: Path) -> None:
-    with crashed_store(db_path) as store:
+def test_recover_with_the_fail_policy_fails_running_jobs(store_location: str) -> None:
+    with crashed_store(store_location) as store:
         terminal = {j: store.get(j) for j in TERMINALS}
         changed = store.recover(policy="fail", max_attempts=3)
         assert {j.id: j.state for j in changed} == {
@@ -464,12 +359,11 @@ def test_recover_with_the_fail_policy_fails_running_jobs(db_path: Path) -> None:
         assert len(store.list()) == 7  # never forgotten
 
 
-def test_recover_refuses_nonsense_arguments() -> None:
-    with JobStore(":memory:") as store:
-        with pytest.raises(InvalidRequest, match="policy"):
-            store.recover(policy="maybe")  # type: ignore[arg-type]
-        with pytest.raises(InvalidRequest, match="max_attempts"):
-            store.recover(max_attempts=0)
+def test_recover_refuses_nonsense_arguments(store: JobStore) -> None:
+    with pytest.raises(InvalidRequest, match="policy"):
+        store.recover(policy="maybe")  # type: ignore[arg-type]
+    with pytest.raises(InvalidRequest, match="max_attempts"):
+        store.recover(max_attempts=0)
 
 
 def test_in_memory_stores_are_independent() -> None:

@@ -1,5 +1,6 @@
-"""The job store's file: how it is opened (WAL, full sync, its schema version), and
-results in the format of rows written before results were models."""
+"""The job store's SQLite file: how it is opened (WAL, full sync, its schema version),
+and results in the format of rows written before results were models (PostgreSQL
+stores began after them: test_store_postgres.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from rdurack.errors import InvalidRequest
 from rdurack.orchestrator.jobs import JobSpec, JobState, KernelWorkload
 from rdurack.orchestrator.results import RESULTS, CoeResult, KernelResult, TrainingResult
 from rdurack.orchestrator.store import JobStore
-from rdurack.orchestrator.store_schema import SCHEMA_VERSION, UnsupportedStoreVersion
+from rdurack.orchestrator.store.schema import SCHEMA_VERSION, UnsupportedStoreVersion
 from rdurack.rack.kernels import Phase
 from rdurack.workloads.coe.report import CoeReport, RequestResult
 
@@ -30,9 +31,9 @@ def db_path(tmp_path: Path) -> Path:
 
 
 def test_file_store_uses_wal_and_full_sync(db_path: Path) -> None:
-    with JobStore(db_path) as store:
-        assert store._db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-        assert store._db.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
+    with JobStore(db_path) as store, store._write() as writer:
+        assert writer.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert writer.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
     # WAL is a property of the file: another connection sees it too.
     other = sqlite3.connect(db_path)
     try:
@@ -183,15 +184,16 @@ def test_a_result_row_in_the_old_format_loads(
         assert RESULTS.validate_python(store.events("old")[-1].payload) == result
 
 
-def test_a_result_is_stored_and_read_back_as_its_model(db_path: Path) -> None:
-    with JobStore(db_path) as store:
+def test_a_result_is_stored_and_read_back_as_its_model(store_location: str) -> None:
+    """On both stores (tests/conftest.py)."""
+    with JobStore(store_location) as store:
         store.submit("none", spec())
         store.transition("none", JobState.CANCELLED)
         for old in (OLD_KERNEL, OLD_COE, OLD_TRAINING):
             result = RESULTS.validate_python(old)
             store.submit(result.kind, spec())
             store.transition(result.kind, JobState.FAILED, error="x", result=result)
-    with JobStore(db_path) as store:
+    with JobStore(store_location) as store:
         for old in (OLD_KERNEL, OLD_COE, OLD_TRAINING):
             result = RESULTS.validate_python(old)
             assert store.get(result.kind).result == result

@@ -14,7 +14,7 @@ from rdurack.orchestrator.orchestrator import Orchestrator
 from rdurack.orchestrator.results import KernelResult
 from rdurack.orchestrator.scheduler import Scheduler
 from rdurack.orchestrator.store import JobStore
-from rdurack.orchestrator.store_schema import SCHEMA_VERSION
+from rdurack.orchestrator.store.schema import SCHEMA_VERSION
 from rdurack.rack.kernels import Phase
 from tests.support.fake_rack import RACK, FakeGateway
 
@@ -73,8 +73,9 @@ def test_a_version_1_store_is_migrated_with_its_jobs_and_events(tmp_path: Path) 
     raw.close()
     with JobStore(path) as store:  # a second open migrates nothing more
         assert [j.id for j in store.list()] == ["old1", "new1"]
-        with pytest.raises(sqlite3.IntegrityError):  # foreign keys are enforced again
-            store._db.execute("INSERT INTO events VALUES ('nope', 1, 'state', '{}', 1.0)")
+        # Foreign keys are enforced again, on the connection that writes.
+        with pytest.raises(sqlite3.IntegrityError), store._write() as db:
+            db.execute("INSERT INTO events VALUES ('nope', 1, 'state', '{}', 1.0)")
 
 
 def test_the_scheduler_keeps_each_tenant_within_its_allowance() -> None:

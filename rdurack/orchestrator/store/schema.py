@@ -1,43 +1,46 @@
-"""The job store's SQLite file: its tables and schema version, opening a file (creating
-or migrating its schema), and how a job maps to a row and back.
+"""The job store's tables, the same in SQLite and PostgreSQL: their schema and its
+version, and how a job maps to a row and back.
 
-The store's reads and writes are in store.py; this module holds the rest of its SQL.
+The statements are written in the SQL both databases speak (BIGINT and DOUBLE PRECISION
+are SQLite's INTEGER and REAL); what each database adds (where the version is kept,
+SQLite's pragmas and migration from version 1, PostgreSQL's submission sequence) is in
+sqlite.py and postgres.py. The store's reads and writes are in jobstore.py.
 """
 
 from __future__ import annotations
 
 import json
-import sqlite3
 import threading
-from collections.abc import Callable
-from contextlib import AbstractContextManager
 
-from rdurack.errors import InvalidRequest, RdurackError
+from rdurack.errors import RdurackError
 from rdurack.orchestrator.jobs import Job, JobSpec, JobState
 from rdurack.orchestrator.results import RESULTS, JobResult
+from rdurack.orchestrator.store.backend import Db, Row
 
-# Bumped whenever the schema changes; kept in the file's `PRAGMA user_version`.
+# Bumped whenever the schema changes; SQLite keeps it in the file's `PRAGMA
+# user_version`, PostgreSQL in the table `rdurack_schema`.
 SCHEMA_VERSION = 2  # 2: jobs have a tenant (migrated from 1 on open)
 
 # The jobs table, by name: the schema creates it as `jobs`, a migration as a new table
-# it then renames (SQLite cannot change a table's constraints in place).
-_JOBS_TABLE = """
+# it then renames (SQLite cannot change a table's constraints in place). 64-bit
+# integers: emulated times in ns pass 2**31 within 2 s.
+JOBS_TABLE = """
 CREATE TABLE IF NOT EXISTS {name} (
     id                TEXT PRIMARY KEY,
-    seq               INTEGER NOT NULL UNIQUE,  -- submission order, assigned by the store
+    seq               BIGINT NOT NULL UNIQUE,   -- submission order, assigned by the store
     tenant            TEXT NOT NULL DEFAULT '', -- who submitted it, '' for none (open rack)
     client_request_id TEXT,                     -- NULL for non-idempotent submissions
     state             TEXT NOT NULL,
-    priority          INTEGER NOT NULL,         -- copy of spec.priority, for the index
+    priority          BIGINT NOT NULL,          -- copy of spec.priority, for the index
     spec              TEXT NOT NULL,            -- JobSpec as JSON
     sockets           TEXT NOT NULL,            -- JSON list of socket names
-    attempts          INTEGER NOT NULL,
-    created_s         REAL NOT NULL,
-    updated_s         REAL NOT NULL,
-    started_s         REAL,                     -- wall clock of the last start
-    finished_s        REAL,                     -- wall clock of the terminal state
-    emulated_start_ns INTEGER,
-    emulated_end_ns   INTEGER,
+    attempts          BIGINT NOT NULL,
+    created_s         DOUBLE PRECISION NOT NULL,
+    updated_s         DOUBLE PRECISION NOT NULL,
+    started_s         DOUBLE PRECISION,         -- wall clock of the last start
+    finished_s        DOUBLE PRECISION,         -- wall clock of the terminal state
+    emulated_start_ns BIGINT,
+    emulated_end_ns   BIGINT,
     result            TEXT,                     -- JSON object or NULL
     error             TEXT NOT NULL,
     -- Idempotency keys are per tenant: one tenant's key never finds another's job.
@@ -45,7 +48,7 @@ CREATE TABLE IF NOT EXISTS {name} (
 )"""
 
 _SCHEMA = (
-    _JOBS_TABLE.format(name="jobs")
+    JOBS_TABLE.format(name="jobs")
     + """;
 -- The scheduler's question: the PENDING jobs, highest priority first, then FIFO.
 CREATE INDEX IF NOT EXISTS jobs_by_state ON jobs (state, priority, seq);
@@ -53,104 +56,57 @@ CREATE INDEX IF NOT EXISTS jobs_by_state ON jobs (state, priority, seq);
 CREATE INDEX IF NOT EXISTS jobs_by_tenant ON jobs (tenant, seq);
 CREATE TABLE IF NOT EXISTS events (
     job_id  TEXT NOT NULL REFERENCES jobs (id),
-    seq     INTEGER NOT NULL,                   -- 1, 2, 3... within one job
+    seq     BIGINT NOT NULL,                    -- 1, 2, 3... within one job
     kind    TEXT NOT NULL,
     payload TEXT NOT NULL,                      -- JSON object
-    time_s  REAL NOT NULL,
+    time_s  DOUBLE PRECISION NOT NULL,
     PRIMARY KEY (job_id, seq)
-);
+)
 """
 )
+# One by one: SQLite's executescript would commit the caller's transaction first, and
+# the schema must appear together with its version.
+SCHEMA_STATEMENTS = tuple(s for s in _SCHEMA.split(";") if s.strip())
 
 # Version 1 had no tenant and a store-wide unique client_request_id.
-_V1_COLUMNS = (
+V1_COLUMNS = (
     "id, seq, client_request_id, state, priority, spec, sockets, attempts, created_s, "
     "updated_s, started_s, finished_s, emulated_start_ns, emulated_end_ns, result, error"
 )
-JOB_COLUMNS = "tenant, " + _V1_COLUMNS
+JOB_COLUMNS = "tenant, " + V1_COLUMNS
 
 # Parsed job specs kept for reuse (see JobRows.spec); about 1-2 KB each.
 SPEC_CACHE = 10_000
 
 
 class UnsupportedStoreVersion(RdurackError):
-    """The store file was written by a newer rdurack whose schema this one does not know."""
+    """The store was written by a newer rdurack whose schema this one does not know."""
 
     def __init__(self, path: str, found: int, known: int):
         self.path, self.found, self.known = path, found, known
         super().__init__(
             f"job store {path} has schema version {found}; this rdurack knows versions up "
-            f"to {known}: run a newer rdurack, or point it at another store path"
+            f"to {known}: run a newer rdurack, or point it at another store"
         )
 
     def __reduce__(self) -> tuple[type, tuple[str, int, int]]:
         return (type(self), (self.path, self.found, self.known))
 
 
-def connect(path: str) -> sqlite3.Connection:
-    # isolation_level=None: no implicit transactions; writes open them explicitly, so
-    # what is atomic is visible in the code. check_same_thread=False: the gRPC worker
-    # threads share the connection, and a lock serializes them.
-    db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-    db.row_factory = sqlite3.Row  # columns by name in `JobRows.job`
-    return db
+def check_version(location: str, found: int) -> None:
+    """Refuse a store of a schema newer than this rdurack's (before anything is written)."""
+    if found > SCHEMA_VERSION:
+        raise UnsupportedStoreVersion(location, found, SCHEMA_VERSION)
 
 
-def open_schema(
-    db: sqlite3.Connection,
-    write: Callable[[], AbstractContextManager[sqlite3.Connection]],
-    path: str,
-    in_memory: bool,
-) -> None:
-    """Make `db` (the writer) ready: WAL and full sync, the schema created or migrated
-    to SCHEMA_VERSION in one write (`write` opens it), foreign keys enforced."""
-    if not in_memory:
-        # WAL: readers never block the writer, and a commit is one append to the log
-        # rather than a rewrite of the pages. (In-memory databases have no WAL.)
-        db.execute("PRAGMA journal_mode=WAL")
-    # FULL: each commit is fsynced before it returns. The orchestrator acknowledges a
-    # submission or a state change only after the commit, so an acknowledged job
-    # survives a crash or a power cut; with WAL's usual NORMAL the last commits could
-    # be lost on power failure even though the client was told they were stored.
-    db.execute("PRAGMA synchronous=FULL")
-    # Foreign keys are off (SQLite's default) while the schema is made or migrated:
-    # a migration drops and recreates the jobs table that events refer to. They are
-    # checked before the migration commits, and enforced from then on.
-    db.execute("PRAGMA foreign_keys=OFF")
-    with write() as w:
-        found = int(w.execute("PRAGMA user_version").fetchone()[0])
-        if found > SCHEMA_VERSION:
-            raise UnsupportedStoreVersion(path, found, SCHEMA_VERSION)
-        if found == 1:
-            _migrate_v1(w)
-        # executescript would COMMIT our transaction first; run statement by statement
-        # so the schema and its version appear together.
-        for statement in _SCHEMA.split(";"):
-            if statement.strip():
-                w.execute(statement)
-        if w.execute("PRAGMA foreign_key_check").fetchone() is not None:
-            raise InvalidRequest(f"job store {path}: events refer to missing jobs")
-        if found < SCHEMA_VERSION:
-            w.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
-    db.execute("PRAGMA foreign_keys=ON")
-
-
-def _migrate_v1(db: sqlite3.Connection) -> None:
-    """Version 1 -> 2: every job gets tenant '' (it was submitted to an open rack), and
-    idempotency keys become unique per tenant. SQLite's way to change a table's
-    constraints: a new table, the rows copied, the old one dropped, the new renamed; all
-    inside the caller's transaction, so a crash leaves version 1 as it was."""
-    db.execute(_JOBS_TABLE.format(name="jobs_v2"))
-    db.execute(f"INSERT INTO jobs_v2 (tenant, {_V1_COLUMNS}) SELECT '', {_V1_COLUMNS} FROM jobs")
-    db.execute("DROP TABLE jobs")  # its index goes with it; the schema recreates it
-    db.execute("ALTER TABLE jobs_v2 RENAME TO jobs")
-
-
-def insert_job(db: sqlite3.Connection, job: Job) -> None:
-    """The row of a job just submitted (nothing set yet but its submission)."""
-    db.execute(
+def insert_job(db: Db, job: Job) -> bool:
+    """The row of a job just submitted (nothing set yet but its submission). False, and
+    nothing written, when its id, submission number or idempotency key is taken: on
+    PostgreSQL by a concurrent submission that committed first (the insert waited for
+    it), which the caller then reads."""
+    done = db.execute(
         f"INSERT INTO jobs ({JOB_COLUMNS}) "
-        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
         (
             job.tenant,
             job.id,
@@ -171,6 +127,7 @@ def insert_job(db: sqlite3.Connection, job: Job) -> None:
             job.error,
         ),
     )
+    return done.rowcount == 1
 
 
 def result_json(result: JobResult | None) -> str | None:
@@ -204,7 +161,7 @@ class JobRows:
                     del self._specs[next(iter(self._specs))]  # the oldest entry
         return spec
 
-    def job(self, row: sqlite3.Row) -> Job:
+    def job(self, row: Row) -> Job:
         result = row["result"]
         return Job(
             id=row["id"],

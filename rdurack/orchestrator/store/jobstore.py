@@ -1,43 +1,32 @@
-"""The job store: every job and its event history in one SQLite file.
+"""The job store: every job and its event history, in SQLite or PostgreSQL.
 
-A job is written, and the write is on disk, before the orchestrator acknowledges it; a
-restarted orchestrator opens the same file, calls `recover()` and carries on with every
-job it had. All SQL of the orchestrator lives here and in store_schema.py (the file's
-tables, its opening and migration, a row as a Job).
+A job is written, and the write is durable, before the orchestrator acknowledges it; a
+restarted orchestrator opens the same store, calls `recover()` and carries on with every
+job it had. Every write is atomic, so a job row and the event that records its change
+are both written or neither is.
 
-One connection writes for every thread (the gRPC server's workers share the store): a
-lock serializes its use, and every write is atomic, so a job row and the event that
-records its change are both written or neither is. Writes are group-committed
-(group_commit.py): writes that arrive while a commit is on its way to the disk share the
-next one, and none returns before its commit does. Reads go through a second connection,
-which sees committed data only (WAL); an in-memory store, which has one connection only,
-reads through the writer's.
+This is the store's one logic, and its SQL, for both databases; what differs between
+them (connections, commits, concurrent writers, the schema's opening) is a Backend
+(backend.py): sqlite.py, the default, a file on this host; postgres.py, a server that
+several orchestrator replicas share. `JobStore(where)` picks one by `where`.
 """
 
 from __future__ import annotations
 
 import builtins
 import json
-import sqlite3
-import threading
 import time
 from collections.abc import Collection, Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from rdurack.errors import InvalidRequest, UnknownName
-from rdurack.orchestrator.group_commit import GroupCommit
+from rdurack.errors import InvalidRequest, RdurackError, UnknownName
 from rdurack.orchestrator.jobs import Job, JobSpec, JobState
-from rdurack.orchestrator.store_schema import (
-    JOB_COLUMNS,
-    JobRows,
-    connect,
-    insert_job,
-    open_schema,
-    result_json,
-)
+from rdurack.orchestrator.store.backend import Backend, Db
+from rdurack.orchestrator.store.schema import JOB_COLUMNS, JobRows, insert_job, result_json
+from rdurack.orchestrator.store.sqlite import SqliteBackend
 
 # Job fields `transition` may change. The id, spec, submission order and creation time
 # are fixed at submission; the state and update time are set by `Job.moved`.
@@ -46,6 +35,27 @@ MUTABLE_FIELDS = frozenset(
 )
 
 RESTART_ERROR = "orchestrator restarted while the job was running (attempt {n} of {m})"
+
+URL_SCHEMES = ("postgresql://", "postgres://")  # libpq's two spellings
+# A submission whose insert found its id or key taken reads again; the second reading
+# finds the job that took it (PostgreSQL: the insert waited for its commit).
+SUBMIT_TRIES = 3
+
+
+def is_url(where: str | Path) -> bool:
+    """Whether a store location names a PostgreSQL server (else it is a SQLite path)."""
+    return isinstance(where, str) and where.startswith(URL_SCHEMES)
+
+
+def open_backend(where: str | Path) -> Backend:
+    """The database at `where`: a postgresql:// URL, else a SQLite file path."""
+    if is_url(where):
+        # Imported here: psycopg and libpq take a tenth of a second to load, and the
+        # default store does not need them.
+        from rdurack.orchestrator.store.postgres import PostgresBackend
+
+        return PostgresBackend(str(where))
+    return SqliteBackend(where)
 
 
 @dataclass(frozen=True)
@@ -60,61 +70,42 @@ class Event:
 
 
 class JobStore:
-    """Jobs and their events in SQLite; see the module docstring."""
+    """Jobs and their events in the store at `where`; see the module docstring."""
 
-    def __init__(self, path: str | Path):
-        self.path = str(path)
-        in_memory = self.path in (":memory:", "")
-        if not in_memory:
-            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-        self._db = connect(self.path)
-        self._lock = threading.Lock()
-        self._commits = GroupCommit(self._db, self._lock)
-        self._reader, self._read_lock = self._db, self._lock  # a file's: set below
+    def __init__(self, where: str | Path):
+        self._backend = open_backend(where)
+        self.location = self._backend.location
         self._rows = JobRows()
-        try:
-            open_schema(self._db, self._write, self.path, in_memory)
-            if not in_memory:
-                # Opened after the schema exists; WAL is a property of the file, so this
-                # connection reads committed data only, without waiting for the writer.
-                self._reader, self._read_lock = connect(self.path), threading.Lock()
-                self._reader.execute("PRAGMA query_only=ON")
-        except sqlite3.DatabaseError as e:  # e.g. "file is not a database"
-            self._close()
-            raise InvalidRequest(f"cannot open job store {self.path}: {e}") from e
-        except BaseException:
-            self._close()
-            raise
 
     # ------------------------------------------------------------------ plumbing
 
-    def _write(self) -> AbstractContextManager[sqlite3.Connection]:
-        """One atomic write, on disk when the block exits (group_commit.py)."""
-        return self._commits.write()
+    def _write(self) -> AbstractContextManager[Db]:
+        """One atomic write, durable when the block exits."""
+        return self._backend.write()
 
-    @contextmanager
-    def _read(self) -> Iterator[sqlite3.Connection]:
-        # Reads take the reader's lock: a sqlite3 connection is not safe to use from two
-        # threads at once.
-        with self._read_lock:
-            yield self._reader
+    def _read(self) -> AbstractContextManager[Db]:
+        """Committed data only."""
+        return self._backend.read()
 
-    def _load(self, db: sqlite3.Connection, job_id: str) -> Job:
-        row = db.execute(f"SELECT {JOB_COLUMNS} FROM jobs WHERE id = ?", (job_id,)).fetchone()
+    def _load(self, db: Db, job_id: str, lock: str = "") -> Job:
+        row = db.execute(f"SELECT {JOB_COLUMNS} FROM jobs WHERE id = ?{lock}", (job_id,)).fetchone()
         if row is None:
             # No such job. Do not list the accepted ids: a long-lived store has thousands.
             raise UnknownName("job", job_id, accepted=[])
         return self._rows.job(row)
 
+    def _locked(self, db: Db, job_id: str) -> Job:
+        """The job, read inside a write to change it: no other writer changes it until
+        this write commits."""
+        return self._load(db, job_id, self._backend.lock_rows)
+
     @staticmethod
-    def _append_event(
-        db: sqlite3.Connection, job_id: str, kind: str, payload: str, time_s: float
-    ) -> int:
-        """Append one event (payload already JSON); inside a write transaction, so no
-        other writer can take the same next number."""
-        (last,) = db.execute(
-            "SELECT COALESCE(MAX(seq), 0) FROM events WHERE job_id = ?", (job_id,)
-        ).fetchone()
+    def _append_event(db: Db, job_id: str, kind: str, payload: str, time_s: float) -> int:
+        """Append one event (payload already JSON); inside a write that locked the job,
+        so no other writer can take the same next number."""
+        last = db.execute(
+            "SELECT COALESCE(MAX(seq), 0) AS last FROM events WHERE job_id = ?", (job_id,)
+        ).fetchone()["last"]
         seq = int(last) + 1
         db.execute(
             "INSERT INTO events (job_id, seq, kind, payload, time_s) VALUES (?, ?, ?, ?, ?)",
@@ -123,9 +114,7 @@ class JobStore:
         return seq
 
     @staticmethod
-    def _move(
-        db: sqlite3.Connection, job: Job, state: JobState, reason: str = "", **changes: Any
-    ) -> Job:
+    def _move(db: Db, job: Job, state: JobState, reason: str = "", **changes: Any) -> Job:
         """Write `job` moved to `state` and its state event; inside a write transaction."""
         new = job.moved(state, **changes)  # raises IllegalTransition
         # Encode before writing anything, so a result that is not JSON changes nothing.
@@ -173,35 +162,39 @@ class JobStore:
         """Store a new PENDING job of `tenant`; (job, True). A client request id the same
         tenant used before: (its job, False). Another tenant's ids are never seen."""
         with self._write() as db:
-            if client_request_id is not None:
-                row = db.execute(
-                    f"SELECT {JOB_COLUMNS} FROM jobs WHERE tenant = ? AND client_request_id = ?",
-                    (tenant, client_request_id),
-                ).fetchone()
-                if row is not None:
-                    existing = self._rows.job(row)
-                    if existing.spec != spec:
-                        raise InvalidRequest(
-                            f"client_request_id {client_request_id!r} was used for a "
-                            f"different job spec (job {existing.id}); use a new request id "
-                            "for a new job"
-                        )
-                    return existing, False  # a retried request: the job it already made
-            if db.execute("SELECT 1 FROM jobs WHERE id = ?", (job_id,)).fetchone():
-                raise InvalidRequest(f"job id {job_id!r} is already in the store")
-            # Jobs are never deleted, so MAX + 1 only grows; the write lock makes it unique.
-            (last,) = db.execute("SELECT COALESCE(MAX(seq), 0) FROM jobs").fetchone()
-            job = Job(
-                id=job_id,
-                spec=spec,
-                seq=int(last) + 1,
-                client_request_id=client_request_id,
-                tenant=tenant,
-            )
-            insert_job(db, job)
-            first = json.dumps({"state": job.state.value})
-            self._append_event(db, job.id, "state", first, job.created_s)
-        return job, True
+            for _ in range(SUBMIT_TRIES):
+                if client_request_id is not None:
+                    row = db.execute(
+                        f"SELECT {JOB_COLUMNS} FROM jobs "
+                        "WHERE tenant = ? AND client_request_id = ?",
+                        (tenant, client_request_id),
+                    ).fetchone()
+                    if row is not None:
+                        existing = self._rows.job(row)
+                        if existing.spec != spec:
+                            raise InvalidRequest(
+                                f"client_request_id {client_request_id!r} was used for a "
+                                f"different job spec (job {existing.id}); use a new request "
+                                "id for a new job"
+                            )
+                        return existing, False  # a retried request: the job it already made
+                if db.execute("SELECT 1 FROM jobs WHERE id = ?", (job_id,)).fetchone():
+                    raise InvalidRequest(f"job id {job_id!r} is already in the store")
+                seq = int(db.execute(self._backend.next_seq).fetchone()["seq"])
+                job = Job(
+                    id=job_id,
+                    spec=spec,
+                    seq=seq,
+                    client_request_id=client_request_id,
+                    tenant=tenant,
+                )
+                if insert_job(db, job):
+                    first = json.dumps({"state": job.state.value})
+                    self._append_event(db, job.id, "state", first, job.created_s)
+                    return job, True
+                # A concurrent submission (PostgreSQL: another connection or replica)
+                # took the id or the request id, and has committed: read again.
+        raise RdurackError(f"job {job_id!r}: its submission kept colliding; submit it again")
 
     def get(self, job_id: str) -> Job:
         with self._read() as db:
@@ -289,18 +282,19 @@ class JobStore:
         while True:
             try:
                 with self._write() as db:
-                    return self._move(db, self._load(db, job_id), state, reason, **changes)
+                    return self._move(db, self._locked(db, job_id), state, reason, **changes)
             except _StateChanged:
-                # Another writer moved the job between our read and our write (only
-                # possible from another process: the lock and IMMEDIATE serialize this
-                # one). Re-read: the move may now be illegal, and `moved` will say so.
+                # Another writer moved the job between our read and our write (neither
+                # SQLite's IMMEDIATE nor PostgreSQL's row lock lets one, but the write
+                # must not overwrite if one did). Re-read: the move may now be illegal,
+                # and `moved` will say so.
                 continue
 
     def add_event(self, job_id: str, kind: str, payload: dict[str, Any]) -> int:
         """Append a progress event to a job's history; returns its seq."""
         text = json.dumps(payload)  # fail before writing if it is not JSON
         with self._write() as db:
-            self._load(db, job_id)  # UnknownName for no such job
+            self._locked(db, job_id)  # UnknownName for no such job
             return self._append_event(db, job_id, kind, text, time.time())
 
     def events(self, job_id: str, after: int = 0) -> builtins.list[Event]:
@@ -335,7 +329,8 @@ class JobStore:
         # next start recovers them all again.
         with self._write() as db:
             rows = db.execute(
-                f"SELECT {JOB_COLUMNS} FROM jobs WHERE state IN (?, ?) ORDER BY seq",
+                f"SELECT {JOB_COLUMNS} FROM jobs WHERE state IN (?, ?) ORDER BY seq"
+                + self._backend.lock_rows,
                 (JobState.SCHEDULED.value, JobState.RUNNING.value),
             ).fetchall()
             for job in map(self._rows.job, rows):
@@ -376,14 +371,7 @@ class JobStore:
         return changed
 
     def close(self) -> None:
-        self._close()
-
-    def _close(self) -> None:
-        with self._lock:
-            self._db.close()
-        if self._reader is not self._db:
-            with self._read_lock:
-                self._reader.close()
+        self._backend.close()
 
     def __enter__(self) -> JobStore:
         return self

@@ -1,0 +1,66 @@
+"""What the job store needs of a database: the seam between its one logic (jobstore.py)
+and the two databases it runs on (sqlite.py, postgres.py).
+
+The store's logic writes its SQL once, with `?` placeholders, in the SQL both databases
+speak; a backend runs it. What differs between them is here as data or a method: how a
+write is made atomic and durable, how concurrent writers are kept apart, how the next
+submission number is drawn, and how the schema is opened (each backend's module).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
+
+
+class Row(Protocol):
+    """A result row, its columns by name (sqlite3.Row, or psycopg's dict row)."""
+
+    def __getitem__(self, key: str, /) -> Any: ...
+
+
+class Cursor(Protocol):
+    """What a statement returns."""
+
+    @property
+    def rowcount(self) -> int: ...
+
+    def fetchone(self) -> Any: ...  # a Row or None
+
+    def fetchall(self) -> list[Any]: ...  # Rows
+
+
+class Db(Protocol):
+    """A connection as the store uses it: SQL with `?` placeholders."""
+
+    def execute(self, sql: str, args: Sequence[Any] = (), /) -> Cursor: ...
+
+
+class Backend(Protocol):
+    """A database holding the store's tables (schema.py), opened and at SCHEMA_VERSION.
+
+    A lease for leader election (docs/control-plane.md, "Two stores") would be added
+    here: its table in the schema, and `write` checking the holder's epoch in the same
+    transaction as the write it fences.
+    """
+
+    # Where the store is, for messages: a file path, or a URL without its password.
+    location: str
+    # Appended to a write's SELECT of the job rows it is about to change. Where writers
+    # run concurrently (PostgreSQL: several connections, several replicas) it locks
+    # those rows until the write commits; SQLite serializes every write anyway.
+    lock_rows: str
+    # A statement whose one column `seq` is the next submission number.
+    next_seq: str
+
+    def write(self) -> AbstractContextManager[Db]:
+        """One atomic write: everything the block executes is committed, and durable,
+        when the block exits, or none of it is (the block's exception propagates)."""
+        ...
+
+    def read(self) -> AbstractContextManager[Db]:
+        """A connection that sees committed data only."""
+        ...
+
+    def close(self) -> None: ...
