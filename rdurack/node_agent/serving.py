@@ -18,6 +18,7 @@ from rdurack.rack.models import ModelSpec
 from rdurack.rack.placement import place
 from rdurack.rack.spec import PlatformSpec
 from rdurack.telemetry.propagation import extract
+from rdurack.telemetry.served import PassesServed
 from rdurack.workloads.predictor import Predictor
 from rdurack.workloads.serving.batch import ServeRequest, resolve
 from rdurack.workloads.serving.costs import Cost, serve_parts
@@ -87,12 +88,13 @@ class Serving:
         kv_tokens: int,
         start_ns: int | None = None,
         carrier: dict[str, str] | None = None,
+        served: PassesServed | None = None,
     ) -> PassesRun:
         """An endpoint's forward passes, one after the other, priced as `rdu predict
         serve --arrivals` prices them: this socket's share of a TP group of
         `group_size`. The model's weight share stays held in HBM for the job; its KV
         cache is what the engine's requests hold now (`kv_tokens`, the whole group's).
-        A span per pass."""
+        A span per pass, linked to the spans of the requests it served (`served`)."""
         self._hold(job_id)
         if not passes:
             raise InvalidRequest("passes: at least one")
@@ -102,14 +104,16 @@ class Serving:
         self._pacer.meet(start_ns)
         start = self.clock.now_ns
         parent = extract(carrier)
+        links = served.links() if served is not None else [[] for _ in passes]
         durations = []
-        for done in passes:
+        for i, done in enumerate(passes):
             at = self.clock.now_ns
             spent = cost(self._predictor, model, group_size, done)
             self.clock.advance(spent.seconds * self.slowdown)
             durations.append(self.clock.now_ns - at)
             self._trace.passed(
-                parent, job_id, at, self.clock.now_ns, model.name, done, spent, kv_tokens
-            )
+                parent, job_id, at, self.clock.now_ns, model.name, done, spent, kv_tokens,
+                None if served is None else served.first_iteration + i, links[i],
+            )  # fmt: skip
         self._pacer.pace()
         return PassesRun(self.name, start, self.clock.now_ns, tuple(durations))
