@@ -22,6 +22,7 @@ from rdurack.rack.models import builtin_models
 from rdurack.rack.whatif import load_platform
 from rdurack.security.auth import Authenticator
 from rdurack.security.tls import ENV_CERT, ENV_KEY
+from rdurack.telemetry import setup
 from rdurack.workloads.predictor import Predictor
 from rdurack.workloads.serving.stream.replay import StreamSetting
 from rdurack.workloads.serving.stream.scheduler import DEFAULT_CHUNK_TOKENS, Policy
@@ -103,6 +104,12 @@ def serve_cmd(
         raise InvalidRequest(f"--model: each model once, got {names}")
     if chunk_tokens is not None and policy is not Policy.CHUNKED:
         raise InvalidRequest("--chunk-tokens is --policy chunked-prefill's")
+    # This process's tracing, as the rack's other processes set theirs up: a trace per
+    # completion request, and the calls to the rack (docs/tracing.md). The requests'
+    # spans only when they go somewhere (OTLP, trace files): made for nothing, they
+    # would cost the endpoint about a fifth of its requests per second.
+    provider = setup.configure("rdurack-endpoint")
+    traced = provider if provider is not None and setup.exporting() else None
     channel = to.channel() if rack else None
     if channel is not None:
         platform = RackClient(channel).status().platform  # the rack's, whatever was given
@@ -131,7 +138,8 @@ def serve_cmd(
     )
     say(f"security: {'HTTPS' if tls else 'plain HTTP'}, {gate.notice()}")
     try:
-        serve(served, host, port, gate, tls)
+        serve(served, host, port, gate, tls, traced)
     finally:
         if channel is not None:
             channel.close()
+        setup.shutdown()  # what is queued goes out
