@@ -11,9 +11,10 @@ request's root its children, on the request's emulated timeline: `endpoint.queue
 `endpoint.decode` (to the last token). Each iteration the request took part in is an
 event on its prefill or decode span: its index in the engine, batch, the token it gave
 the request, its emulated start and duration. Events rather than a span per request
-per iteration: a span costs about 15 us here and an event about 4 (a 16-token request
-took 16 of them), and Jaeger draws events as ticks on the span's bar and lists them in
-order. The children are made when the request ends, from what the hooks recorded: by
+per iteration: Jaeger draws events as ticks on the span's bar and lists them in order,
+where spans would add a row per token; and a span costs several times an event (a
+16-token completion: 0.8 ms of CPU more with events and trace files, 1.4 ms with
+spans; docs/tracing.md). The children are made when the request ends, from what the hooks recorded: by
 then every time is final (a plan's iterations are retimed by the sockets' answer). A
 phase holds at most MAX_ITERATIONS iterations a span (the SDK's default bounds on a
 span's events and links); a longer one is several spans, one after the other.
