@@ -14,10 +14,11 @@ the request, its emulated start and duration. Events rather than a span per requ
 per iteration: Jaeger draws events as ticks on the span's bar and lists them in order,
 where spans would add a row per token; and a span costs several times an event (a
 16-token completion: 0.8 ms of CPU more with events and trace files, 1.4 ms with
-spans; docs/tracing.md). The children are made when the request ends, from what the hooks recorded: by
-then every time is final (a plan's iterations are retimed by the sockets' answer). A
-phase holds at most MAX_ITERATIONS iterations a span (the SDK's default bounds on a
-span's events and links); a longer one is several spans, one after the other.
+spans; docs/tracing.md). The children are made when the request ends, from what the
+hooks recorded: by then every time is final (a plan's iterations are retimed by the
+sockets' answer). A phase holds at most MAX_ITERATIONS iterations a span (the SDK's
+default bounds on a span's events and links); a longer one is several spans, one after
+the other.
 
 On a rack (an engine whose executor's calls cost wall time), each call of passes is a
 trace of its own: an `endpoint.passes` span, linked to the spans of the requests it
