@@ -27,6 +27,7 @@ from rdurack.security.tls import TlsConfig
 from rdurack.v1 import job_pb2, job_pb2_grpc, rack_pb2, rack_pb2_grpc
 from rdurack.wire import jobs as jc
 from rdurack.wire.passes import passes_from_proto
+from rdurack.wire.served import served_from_proto
 from rdurack.workloads.coe.spec import MAX_PROMPT_CHARS, MAX_REQUESTS
 from rdurack.workloads.training.job import MAX_LOOP_BYTES
 
@@ -129,12 +130,14 @@ class JobService(job_pb2_grpc.JobServiceServicer):
         self, request: job_pb2.RunPassesRequest, context: grpc.ServicerContext
     ) -> job_pb2.RunPassesResponse:
         scope = self.auth.principal(context).scope
+        passes = passes_from_proto(request.passes)
         durations, start_ns = self.o.run_passes(
             _job_id(request.job_id),
             request.offset_ns,
-            passes_from_proto(request.passes),
+            passes,
             request.kv_tokens,
             scope,
+            served_from_proto(request.served, len(passes)),
         )
         return job_pb2.RunPassesResponse(duration_ns=durations, job_start_ns=start_ns)
 

@@ -22,6 +22,7 @@ from rdurack.wire import training as training_convert
 from rdurack.wire.faults import fault_from_proto, fault_to_proto
 from rdurack.wire.jobs import speculative_from_proto
 from rdurack.wire.passes import passes_from_proto
+from rdurack.wire.served import served_from_proto
 from rdurack.workloads.serving.batch import ServeRequest
 from rdurack.workloads.serving.speculative import SpeculativeSetting
 from rdurack.workloads.training.job import TrainingWorkload
@@ -124,14 +125,16 @@ class NodeAgentService(node_agent_pb2_grpc.NodeAgentServiceServicer):
     ) -> node_agent_pb2.NodePassesResponse:
         _require(request.job_id, "job_id")
         _require(list(request.socket_ids), "socket_ids")
+        passes = passes_from_proto(request.passes)
         runs = self.agent.run_passes(
             request.job_id,
             list(request.socket_ids),
             model(request.model).placed(None),
             request.group_size or len(request.socket_ids),
-            passes_from_proto(request.passes),
+            passes,
             request.kv_tokens,
             request.emulated_start_ns or None,
+            served_from_proto(request.served, len(passes)),
         )
         return node_agent_pb2.NodePassesResponse(
             sockets=[

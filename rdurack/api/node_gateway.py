@@ -22,6 +22,7 @@ from rdurack.rack.faults import Fault, FaultConflict
 from rdurack.rack.spec import PlatformSpec
 from rdurack.rack.topology import Topology
 from rdurack.security.tls import TlsConfig
+from rdurack.telemetry.served import PassesServed
 from rdurack.v1 import fault_pb2, node_agent_pb2, node_agent_pb2_grpc, rack_pb2
 from rdurack.wire import programs as program_convert
 from rdurack.wire import rack as convert
@@ -29,6 +30,7 @@ from rdurack.wire import training as training_convert
 from rdurack.wire.faults import fault_from_proto, fault_to_proto
 from rdurack.wire.jobs import speculative_to_proto
 from rdurack.wire.passes import pass_to_proto
+from rdurack.wire.served import served_to_proto
 from rdurack.workloads.program import Op, ProgramRun
 from rdurack.workloads.serving.stream.pricing import Pass
 from rdurack.workloads.training.job import RankReport, TrainingWorkload
@@ -200,6 +202,7 @@ class GrpcNodeGateway:
         passes: Sequence[Pass],
         kv_tokens: int,
         start_ns: int,
+        served: PassesServed | None = None,
     ) -> list[PassesRun]:
         request = node_agent_pb2.NodePassesRequest(
             job_id=job_id,
@@ -209,6 +212,7 @@ class GrpcNodeGateway:
             emulated_start_ns=start_ns,
             passes=[pass_to_proto(p) for p in passes],
             kv_tokens=kv_tokens,
+            served=None if served is None else served_to_proto(served),
         )
         reply = self._call(node, f"passes of {job_id}", "RunPasses", request, self.timeout_s)
         assert isinstance(reply, node_agent_pb2.NodePassesResponse)

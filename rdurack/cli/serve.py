@@ -23,6 +23,7 @@ from rdurack.rack.models import builtin_models
 from rdurack.rack.whatif import load_platform
 from rdurack.security.auth import Authenticator
 from rdurack.security.tls import ENV_CERT, ENV_KEY
+from rdurack.telemetry import setup
 from rdurack.workloads.predictor import Predictor
 from rdurack.workloads.serving.stream.bundle import BUNDLE_NAME, BundleSetting
 from rdurack.workloads.serving.stream.replay import StreamSetting
@@ -133,6 +134,12 @@ def serve_cmd(
     if wait_rack and not rack:
         raise InvalidRequest("--wait-rack is --rack's")
     say = Console(stderr=True, soft_wrap=True, highlight=False).print  # a line stays a line
+    # This process's tracing, as the rack's other processes set theirs up: a trace per
+    # completion request, and the calls to the rack (docs/tracing.md). The requests'
+    # spans only when they go somewhere (OTLP, trace files): made for nothing, they
+    # would cost the endpoint about 15% of its requests per second (docs/tracing.md).
+    provider = setup.configure("rdurack-endpoint")
+    traced = provider if provider is not None and setup.exporting() else None
     channel = None
     started = time.monotonic()
     if rack:
@@ -183,7 +190,8 @@ def serve_cmd(
     )
     say(f"security: {'HTTPS' if tls else 'plain HTTP'}, {gate.notice()}")
     try:
-        serve(served, host, port, gate, tls)
+        serve(served, host, port, gate, tls, traced)
     finally:
         if channel is not None:
             channel.close()
+        setup.shutdown()  # what is queued goes out

@@ -28,9 +28,11 @@ from typing import Any
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from opentelemetry.trace import TracerProvider
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from rdurack.endpoint import tracing
 from rdurack.endpoint.auth import Gate
 from rdurack.endpoint.engine import Engine, QueueFull, Token, Unavailable
 from rdurack.endpoint.metrics import EndpointMetrics
@@ -44,6 +46,7 @@ from rdurack.endpoint.protocol import (
 )
 from rdurack.endpoint.text import Text, chat_tokens, count_tokens, seed_of
 from rdurack.errors import UnknownName
+from rdurack.telemetry.names import TRACER_ENDPOINT
 from rdurack.workloads.serving.stream.scheduler import Refused
 
 OWNER = "rdurack"
@@ -51,11 +54,15 @@ EXPERT_HEADER = "x-rdurack-expert"  # a bundle's request: the expert that served
 
 
 def create_app(
-    engines: dict[str, Engine], metrics: EndpointMetrics | None = None, gate: Gate | None = None
+    engines: dict[str, Engine],
+    metrics: EndpointMetrics | None = None,
+    gate: Gate | None = None,
+    tracer_provider: TracerProvider | None = None,
 ) -> FastAPI:
     """An app serving `engines` by model name (a bundle's, by its experts' too); it
     starts and stops them with itself. `gate`: who may call and which models (default:
-    everyone, every model)."""
+    everyone, every model). `tracer_provider`: a trace per completion request
+    (endpoint/tracing.py; default: none)."""
     served = Models(engines)
     access = gate or Gate.open()
     watched = metrics or EndpointMetrics()
@@ -70,9 +77,16 @@ def create_app(
         for engine in engines.values():
             await engine.stop()
 
-    app = FastAPI(title="rdurack", lifespan=lifespan, dependencies=[Depends(access.model_allowed)])
+    app = FastAPI(
+        title="rdurack",
+        lifespan=lifespan,
+        dependencies=[Depends(access.model_allowed)],
+        telemetry=tracing.telemetry(tracer_provider),
+    )
     app.add_middleware(Received)
     access.install(app)  # outside Received: an unknown caller is refused before anything
+    if tracer_provider is not None:
+        tracing.watch(engines.values(), tracer_provider.get_tracer(TRACER_ENDPOINT))
     _errors(app)
     created = int(time.time())
 

@@ -30,6 +30,7 @@ import itertools
 import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 
 from rdurack.errors import RdurackError
@@ -134,6 +135,13 @@ class Engine:
         self._estimated: list[tuple[float, float]] = []
         self.on_token: Callable[[Handle, Token], None] = lambda h, t: None
         self.on_done: Callable[[Handle, Running | None], None] = lambda h, r: None
+        # Tracing's (endpoint/tracing.py): a request queued; what a call of the planned
+        # iterations runs in (its trace context); an iteration that ran, (start, end).
+        self.on_submit: Callable[[Handle], None] = lambda h: None
+        self.on_call: Callable[[Sequence[Iteration]], AbstractContextManager[object]] = (
+            lambda planned: contextlib.nullcontext()
+        )
+        self.on_iteration: Callable[[Iteration, float, float], None] = lambda it, s, e: None
 
     # ------------------------------------------------------------------ life
 
@@ -193,6 +201,7 @@ class Engine:
         handle = Handle(arrival)
         self._handles[arrival.index] = handle
         self._work.set()
+        self.on_submit(handle)
         return handle
 
     def cancel(self, handle: Handle) -> None:
@@ -230,7 +239,8 @@ class Engine:
                 self._plan(planned, passes, start, ahead)
             try:
                 wall = time.monotonic()
-                durations = await self.executor(passes, start)
+                with self.on_call(planned):
+                    durations = await self.executor(passes, start)
                 self._call_wall_s = time.monotonic() - wall
             except Unavailable as e:
                 self._fail(e)
@@ -294,6 +304,7 @@ class Engine:
             self.clock_s = ends[i]
             closed = finished[i] if done else self.scheduler.finish(it, ends[i])
             self._deliver(it)
+            self.on_iteration(it, ends[i - 1] if i else start, ends[i])
             for r in closed:
                 h = self._handles.get(r.arrival.index)
                 if h is not None:

@@ -27,11 +27,14 @@ from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 import grpc
+from opentelemetry import context as otel_context
 
 from rdurack.endpoint.engine import Unavailable
 from rdurack.errors import RdurackError
+from rdurack.telemetry.served import SERVED_KEY, PassesServed
 from rdurack.v1 import common_pb2, job_pb2, job_pb2_grpc, rack_pb2, rack_pb2_grpc
 from rdurack.wire.passes import pass_to_proto
+from rdurack.wire.served import served_to_proto
 from rdurack.workloads.serving.stream.pricing import Pass, Pricer
 from rdurack.workloads.serving.stream.scheduler import Scheduler
 
@@ -249,6 +252,13 @@ class RackModel:
             passes=[pass_to_proto(p) for p in passes],
             kv_tokens=self.scheduler.reserved_tokens,
         )
+        # The requests each pass served, when the endpoint traces them (its tracing puts
+        # them in the call's context, endpoint/tracing.py): the sockets' pass spans link
+        # to theirs. The thread runs in a copy of this context: the RPC's span is a
+        # child of the call's.
+        served = otel_context.get_value(SERVED_KEY)
+        if isinstance(served, PassesServed):
+            request.served.CopyFrom(served_to_proto(served))
         return await asyncio.to_thread(self._run, request)
 
     def _run(self, request: job_pb2.RunPassesRequest) -> list[float]:

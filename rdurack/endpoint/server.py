@@ -18,6 +18,7 @@ from pathlib import Path
 
 import grpc
 import uvicorn
+from opentelemetry.trace import TracerProvider
 
 from rdurack.endpoint.app import create_app
 from rdurack.endpoint.auth import Gate
@@ -112,13 +113,15 @@ def serve(
     port: int,
     gate: Gate | None = None,
     tls: Https | None = None,
+    tracer_provider: TracerProvider | None = None,
 ) -> None:
     """Hold the models' sockets on the rack (if they run on one), then serve until
     interrupted (uvicorn handles SIGINT and SIGTERM), HTTPS given `tls`; the sockets are
     released after. Prints `endpoint ready at HOST:PORT` once it listens (the port it
-    got, given 0), as the rack's other processes do."""
+    got, given 0), as the rack's other processes do. `tracer_provider`: a trace per
+    completion request (endpoint/tracing.py)."""
     config = uvicorn.Config(
-        create_app(served, gate=gate),
+        create_app(served, gate=gate, tracer_provider=tracer_provider),
         host=host,
         port=port,
         log_level="warning",

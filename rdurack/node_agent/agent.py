@@ -43,6 +43,7 @@ from rdurack.rack.topology import SocketId, Topology
 from rdurack.security.tls import TlsConfig
 from rdurack.telemetry import names
 from rdurack.telemetry.propagation import inject
+from rdurack.telemetry.served import PassesServed
 from rdurack.workloads.program import Op, ProgramRun
 from rdurack.workloads.serving.batch import SERVE, ServeRequest
 from rdurack.workloads.serving.stream.pricing import Pass
@@ -227,9 +228,10 @@ class NodeAgent:
         passes: Sequence[Pass],
         kv_tokens: int,
         start_ns: int | None = None,
+        served: PassesServed | None = None,
     ) -> list[PassesRun]:
         """An endpoint's passes on the sockets (Socket.run_passes); the TP group is
-        `group_size` sockets, across nodes."""
+        `group_size` sockets, across nodes. `served`: the requests each pass served."""
         return self._drive(
             names.SPAN_NODE_KERNEL,
             {names.ATTR_JOB_MODEL: model.name, names.ATTR_STEPS: len(passes)},
@@ -238,6 +240,7 @@ class NodeAgent:
             f"passes of endpoint job {job_id}",
             "run_passes",
             (job_id, model, group_size, list(passes), kv_tokens, start_ns),
+            {"served": served},
         )
 
     def collective(

@@ -4,15 +4,15 @@ A plain class (Ray wraps it in node_agent/actors.py, the one place that knows Ra
 it is tested without Ray. A socket serves one job at a time, and holds what the job put
 on its tiers (node_agent/job_memory.py) until the job releases it. Kernels advance its
 clock by what the rack/ timing model says; a serve job's prefill and decode, and an
-endpoint's passes, by what workloads/serving/ says of them (as `rdu predict serve`);
-programs run as workloads/coe/bundle.py says, a functional Generate op with real
-all-reduces (node_agent/generation.py); collectives run over its gRPC links on its
-clock (node_agent/collective_engine.py); a training job runs as a DDP rank on it
-(node_agent/training/, imported only when a job trains). With `time_scale` > 0 its calls
-return when wall time has caught up with their emulated time (timeline/pacing.py).
-Fault hooks slow its kernels, take a link down or delay it. Every kernel, pass, program
-op, collective and training segment is a span on the emulated timeline, child of the
-caller's carrier (timeline/hardware_trace.py, docs/tracing.md).
+endpoint's passes, by what workloads/serving/ says of them, as `rdu predict serve`
+(node_agent/serving.py); programs run as workloads/coe/bundle.py says, a functional
+Generate op with real all-reduces (node_agent/generation.py); collectives run over its
+gRPC links on its clock (node_agent/collective_engine.py); a training job runs as a
+DDP rank on it (node_agent/training/, imported only when a job trains). With
+`time_scale` > 0 its calls return when wall time has caught up with their emulated time
+(timeline/pacing.py). Fault hooks slow its kernels, take a link down or delay it. Every
+kernel, pass, program op, collective and training segment is a span on the emulated
+timeline, child of the caller's carrier (timeline/hardware_trace.py, docs/tracing.md).
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ from rdurack.node_agent.collective_engine import CollectiveEngine, check
 from rdurack.node_agent.generation import TinyExperts
 from rdurack.node_agent.job_memory import JobMemory, tier_named
 from rdurack.node_agent.links.endpoint import LinkEndpoint
-from rdurack.node_agent.runs import PassesRun, Run, SocketState
+from rdurack.node_agent.runs import Run, SocketState
+from rdurack.node_agent.serving import Serving
 from rdurack.node_agent.timeline.hardware_trace import HardwareTrace, kernel_attributes
 from rdurack.node_agent.timeline.pacing import Pacer
 from rdurack.node_agent.timeline.step_collectives import draw_step
@@ -44,9 +45,6 @@ from rdurack.telemetry.propagation import extract
 from rdurack.workloads.coe.bundle import ProgramRunner
 from rdurack.workloads.predictor import Predictor
 from rdurack.workloads.program import Op, ProgramRun
-from rdurack.workloads.serving.batch import ServeRequest, resolve
-from rdurack.workloads.serving.costs import Cost, serve_parts
-from rdurack.workloads.serving.stream.pricing import Pass, cost
 
 if TYPE_CHECKING:
     # Imported where a job trains (Socket.train): most sockets never do, and the
@@ -56,8 +54,9 @@ if TYPE_CHECKING:
     from rdurack.workloads.training.job import RankReport, TrainingWorkload
 
 
-class Socket:
-    """One socket. Every public method is one actor call."""
+class Socket(Serving):
+    """One socket. Every public method is one actor call (its serving calls, `serve` and
+    `run_passes`, are in node_agent/serving.py)."""
 
     def __init__(
         self,
@@ -266,80 +265,6 @@ class Socket:
             inside = trace.set_span_in_context(span)
             draw_step(self._trace, inside, job_id, self.topology, group, self.id, ops, run.start_ns)
         return run
-
-    def serve(
-        self,
-        job_id: str,
-        request: ServeRequest,
-        first_step: int,
-        steps: int,
-        start_ns: int | None = None,
-        carrier: dict[str, str] | None = None,
-    ) -> Run:
-        """Steps first_step .. first_step + steps - 1 of a serve job (step 0 the prefill,
-        step i the decode iteration i - 1), priced by workloads/serving/ as `rdu predict
-        serve` prices them: this socket's share of a TP group of `request.sockets`. The
-        models' weight shares and final KV caches are held in HBM for the job. A span
-        for the prefill and one for the decode iterations."""
-        self._hold(job_id)
-        batch = resolve(request, self.platform, self._models)
-        for m, placement in zip(batch.models, batch.placements, strict=True):
-            self._held.hold_model(job_id, m.name, placement, batch.kv_tokens())
-        self._pacer.meet(start_ns)
-        start = self.clock.now_ns
-        total = Cost()
-        for part in serve_parts(self._predictor, batch, first_step, steps):
-            at = self.clock.now_ns
-            self.clock.advance(part.cost.seconds * self.slowdown)
-            total += part.cost
-            self._trace.serve(extract(carrier), job_id, at, self.clock.now_ns, batch, part)
-        self._pacer.pace()
-        return Run(
-            self.name,
-            start,
-            self.clock.now_ns,
-            kernel_calls=round(total.kernel_calls),
-            hbm_bytes=round(total.hbm_bytes),
-            flops=round(total.flops),
-            launch_ns=round(total.launch_s * 1e9),
-            collective_ns=round(total.collective_s * 1e9),
-        )
-
-    def run_passes(
-        self,
-        job_id: str,
-        model: ModelSpec,
-        group_size: int,
-        passes: list[Pass],
-        kv_tokens: int,
-        start_ns: int | None = None,
-        carrier: dict[str, str] | None = None,
-    ) -> PassesRun:
-        """An endpoint's forward passes, one after the other, priced as `rdu predict
-        serve --arrivals` prices them: this socket's share of a TP group of
-        `group_size`. The model's weight share stays held in HBM for the job; its KV
-        cache is what the engine's requests hold now (`kv_tokens`, the whole group's).
-        A span per pass."""
-        self._hold(job_id)
-        if not passes:
-            raise InvalidRequest("passes: at least one")
-        self._held.hold_model(job_id, model.name, place(model, self.platform, group_size, 0), 0)
-        kv = place(model, self.platform, group_size, kv_tokens).kv_hbm_bytes
-        self._held.hold_kv(job_id, model.name, kv_tokens, kv)
-        self._pacer.meet(start_ns)
-        start = self.clock.now_ns
-        parent = extract(carrier)
-        durations = []
-        for done in passes:
-            at = self.clock.now_ns
-            spent = cost(self._predictor, model, group_size, done)
-            self.clock.advance(spent.seconds * self.slowdown)
-            durations.append(self.clock.now_ns - at)
-            self._trace.passed(
-                parent, job_id, at, self.clock.now_ns, model.name, done, spent, kv_tokens
-            )
-        self._pacer.pace()
-        return PassesRun(self.name, start, self.clock.now_ns, tuple(durations))
 
     # ------------------------------------------------------------------ programs
 

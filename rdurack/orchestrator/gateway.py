@@ -9,6 +9,7 @@ from typing import Literal, Protocol
 
 from rdurack.orchestrator.jobs import EndpointWorkload, KernelWorkload
 from rdurack.rack.faults import Fault
+from rdurack.telemetry.served import PassesServed
 from rdurack.workloads.program import Op, ProgramRun
 from rdurack.workloads.serving.stream.pricing import Pass
 from rdurack.workloads.training.job import RankReport, TrainingWorkload
@@ -133,10 +134,12 @@ class NodeGateway(Protocol):
         passes: Sequence[Pass],
         kv_tokens: int,
         start_ns: int,
+        served: PassesServed | None = None,
     ) -> list[PassesRun]:
         """An endpoint job's forward passes on this node's `sockets` of its TP group
         (`workload.num_sockets`), one after the other from `start_ns`; the engine's
-        requests hold `kv_tokens` of KV cache meanwhile."""
+        requests hold `kv_tokens` of KV cache meanwhile. `served`: the requests each
+        pass served, which its spans link to."""
         ...
 
     def run_program(

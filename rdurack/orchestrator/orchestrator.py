@@ -58,6 +58,7 @@ from rdurack.rack.models import builtin_models
 from rdurack.rack.spec import PlatformSpec
 from rdurack.rack.topology import Topology
 from rdurack.telemetry import names
+from rdurack.telemetry.served import PassesServed
 from rdurack.workloads.serving.stream.pricing import Pass
 
 log = logging.getLogger(__name__)
@@ -282,14 +283,16 @@ class Orchestrator:
         passes: Sequence[Pass],
         kv_tokens: int,
         tenant: str | None = None,
+        served: PassesServed | None = None,
     ) -> tuple[list[int], int]:
-        """An endpoint job's passes on its sockets (kinds/endpoint.py `run`)."""
+        """An endpoint job's passes on its sockets (kinds/endpoint.py `run`); `served`:
+        the requests each pass served, which its spans link to."""
         job = self.get(job_id, tenant)
         if job.spec.workload.kind != "endpoint":
             raise InvalidRequest(
                 f"job {job_id} is a {job.spec.workload.kind} job; passes run on endpoint jobs"
             )
-        return self._endpoint.run(job_id, offset_ns, passes, kv_tokens)
+        return self._endpoint.run(job_id, offset_ns, passes, kv_tokens, served)
 
     def events(self, job_id: str, after: int = 0) -> list[Event]:
         return self.store.events(job_id, after)

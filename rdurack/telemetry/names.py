@@ -29,6 +29,16 @@ SPAN_TRAIN_STEP = "rdu.train.step"  # one optimizer step of a rank (emulated, bo
 SPAN_TRAIN_ALLREDUCE = "rdu.train.allreduce"  # a step's gradient all-reduce (emulated)
 SPAN_CHECKPOINT = "rdu.checkpoint"  # a rank writing or loading a checkpoint (emulated)
 SPAN_TRANSFER = "rdu.transfer"  # one send of a socket's part of a collective (emulated)
+# The endpoint (`rdu serve`): an HTTP completion request is one trace. Its root is the
+# SERVER span named as the HTTP semantic conventions name it ("{method} {route}"); its
+# children lie on the request's emulated timeline (endpoint/tracing.py).
+SPAN_HTTP_COMPLETIONS = "POST /v1/completions"
+SPAN_HTTP_CHAT = "POST /v1/chat/completions"
+SPAN_REQUEST_QUEUE = "endpoint.queue"  # a request waiting for its admission (emulated)
+SPAN_REQUEST_PREFILL = "endpoint.prefill"  # admission to its first token (emulated)
+SPAN_REQUEST_DECODE = "endpoint.decode"  # its decode iterations (emulated, <= 128 a span)
+EVENT_ITERATION = "endpoint.iteration"  # an event: one iteration the request was in
+SPAN_ENDPOINT_PASSES = "endpoint.passes"  # one call of the engine's passes to a rack
 
 # RPCs that get no span: the health watcher's heartbeats (several a second, forever)
 # would bury the traces of jobs.
@@ -39,6 +49,7 @@ TRACER_ORCHESTRATOR = "rdurack.orchestrator"
 TRACER_NODE_AGENT = "rdurack.node_agent"
 TRACER_SOCKET = "rdurack.socket"
 TRACER_GRPC = "rdurack.grpc"
+TRACER_ENDPOINT = "rdurack.endpoint"
 
 # ---------------------------------------------------------------- semantic conventions
 SERVICE_NAME = "service.name"
@@ -46,6 +57,19 @@ RPC_SYSTEM = "rpc.system"
 RPC_SERVICE = "rpc.service"
 RPC_METHOD = "rpc.method"
 RPC_GRPC_STATUS_CODE = "rpc.grpc.status_code"
+HTTP_REQUEST_METHOD = "http.request.method"
+HTTP_ROUTE = "http.route"
+HTTP_RESPONSE_STATUS_CODE = "http.response.status_code"
+ERROR_TYPE = "error.type"
+# Generative AI (gen_ai.*): the request's model and tokens; the latencies are the names
+# vLLM's request spans use (emulated seconds here).
+GEN_AI_REQUEST_MODEL = "gen_ai.request.model"
+GEN_AI_REQUEST_MAX_TOKENS = "gen_ai.request.max_tokens"
+GEN_AI_USAGE_INPUT_TOKENS = "gen_ai.usage.input_tokens"
+GEN_AI_USAGE_OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
+GEN_AI_LATENCY_QUEUE = "gen_ai.latency.time_in_queue"
+GEN_AI_LATENCY_TTFT = "gen_ai.latency.time_to_first_token"
+GEN_AI_LATENCY_E2E = "gen_ai.latency.e2e"
 
 # ---------------------------------------------------------------- rdurack attributes
 ATTR_JOB_ID = "rdurack.job.id"
@@ -88,6 +112,10 @@ ATTR_BATCH = "rdurack.kernel.batch"  # sequences a kernel processes together
 ATTR_PASS_TOKENS = "rdurack.pass.tokens"  # new tokens of an endpoint's forward pass
 ATTR_KV_TOKENS = "rdurack.pass.kv_tokens"  # KV-cache tokens its requests hold
 ATTR_SERVE_FIRST_ITERATION = "rdurack.serve.first_iteration"  # a decode span's first, from 0
+ATTR_REQUEST = "rdurack.serve.request"  # the endpoint engine's index of a request, from 0
+ATTR_ITERATION = "rdurack.serve.iteration"  # the engine's index of an iteration, from 0
+ATTR_TOKEN = "rdurack.serve.token"  # the request's output token an iteration gave, from 0
+ATTR_PREFILL_TOKENS = "rdurack.serve.prefill_tokens"  # prompt tokens an iteration prefilled
 ATTR_DRAFT_MODEL = "rdurack.serve.draft_model"  # speculative decoding's draft
 ATTR_DRAFT_TOKENS = "rdurack.serve.draft_tokens"  # tokens drafted per iteration
 ATTR_TIER = "rdurack.memory.tier"  # the tier (or "src->dst" tiers) a span's bytes use

@@ -66,6 +66,12 @@ def processors(
     return found
 
 
+def exporting(env: Mapping[str, str] | None = None) -> bool:
+    """Whether `processors` installs any for `env`: whether a span made goes anywhere."""
+    env = os.environ if env is None else env
+    return bool(env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or env.get(TRACE_DIR_ENV))
+
+
 def configure(service_name: str, *, env_name_wins: bool = True) -> TracerProvider | None:
     """Install this process's tracer provider, named `service_name` (or
     `OTEL_SERVICE_NAME` when set and `env_name_wins`; a socket passes False: its lane is

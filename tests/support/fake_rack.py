@@ -34,6 +34,7 @@ from rdurack.rack.models import builtin_models
 from rdurack.rack.presets import platform
 from rdurack.rack.spec import PlatformSpec
 from rdurack.rack.topology import Topology
+from rdurack.telemetry.served import PassesServed
 from rdurack.workloads.coe.bundle import PredictedReplicas
 from rdurack.workloads.coe.spec import CoeWorkload
 from rdurack.workloads.program import Deploy, Op, ProgramRun
@@ -179,6 +180,7 @@ class FakeGateway:
         passes: Sequence[Pass],
         kv_tokens: int,
         start_ns: int,
+        served: PassesServed | None = None,
     ) -> list[PassesRun]:
         """Each pass takes STEP_NS; the clocks run from the later of theirs and start_ns."""
         if node == self.fail_node:

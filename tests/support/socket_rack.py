@@ -8,11 +8,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from opentelemetry.trace import TracerProvider
+
 from rdurack.errors import LinkFailure
 from rdurack.node_agent.socket import Socket
 from rdurack.orchestrator.gateway import KernelRun, PassesRun
 from rdurack.orchestrator.jobs import EndpointWorkload, KernelWorkload
 from rdurack.rack.models import builtin_models
+from rdurack.telemetry.propagation import inject
+from rdurack.telemetry.served import PassesServed
 from rdurack.workloads.serving.stream.pricing import Pass
 from tests.support.fake_rack import RACK, FakeGateway
 
@@ -21,9 +25,11 @@ class SocketGateway(FakeGateway):
     """FakeGateway, but a serve job's steps are Socket.serve calls, and an endpoint's
     passes Socket.run_passes calls."""
 
-    def __init__(self) -> None:
+    def __init__(self, tracer_provider: TracerProvider | None = None) -> None:
+        """`tracer_provider`: where the speakers' spans go (default: the global one)."""
         super().__init__()
         self.speakers: dict[int, Socket] = {}
+        self.tracer_provider = tracer_provider
 
     def run_kernel(
         self,
@@ -61,21 +67,26 @@ class SocketGateway(FakeGateway):
         passes: Sequence[Pass],
         kv_tokens: int,
         start_ns: int,
+        served: PassesServed | None = None,
     ) -> list[PassesRun]:
         if node == self.fail_node:
             raise LinkFailure(f"node {node}: link down")
         speaker = self._speaker(node)
         speaker.reserve(job_id)
         model = builtin_models()[workload.model].placed(None)
+        # The caller's trace context, as a node agent hands it to its actors: the passes'
+        # spans are in the trace of the RPC that asked for them.
         run = speaker.run_passes(
-            job_id, model, workload.num_sockets, list(passes), kv_tokens, start_ns
+            job_id, model, workload.num_sockets, list(passes), kv_tokens, start_ns, inject(), served
         )
         self._moved(node, run.end_ns)
         return [PassesRun(s, run.start_ns, run.end_ns, run.durations_ns) for s in sockets]
 
     def _speaker(self, node: int) -> Socket:
         if node not in self.speakers:
-            self.speakers[node] = Socket(f"rdu-n{node}-s0", RACK)
+            self.speakers[node] = Socket(
+                f"rdu-n{node}-s0", RACK, tracer_provider=self.tracer_provider
+            )
         return self.speakers[node]
 
     def _moved(self, node: int, end_ns: int) -> None:

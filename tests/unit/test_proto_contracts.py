@@ -24,6 +24,7 @@ from rdurack.v1 import (
     rack_pb2,
     rack_pb2_grpc,
     serve_pb2,
+    served_pb2,
 )
 
 FILES: dict[str, FileDescriptor] = {
@@ -35,6 +36,7 @@ FILES: dict[str, FileDescriptor] = {
     "fault": fault_pb2.DESCRIPTOR,
     "admin": admin_pb2.DESCRIPTOR,
     "serve": serve_pb2.DESCRIPTOR,
+    "served": served_pb2.DESCRIPTOR,
 }
 
 # file -> service -> method -> (client streaming, server streaming)

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from opentelemetry import trace
 from opentelemetry.context import Context
-from opentelemetry.trace import Span
+from opentelemetry.trace import Link, Span
 from opentelemetry.util.types import AttributeValue
 
 from rdurack.node_agent.training.spans import TrainSpan
@@ -90,9 +90,10 @@ class HardwareTrace:
         start_ns: int,
         end_ns: int,
         attributes: Mapping[str, AttributeValue],
+        links: Sequence[Link] = (),
     ) -> Span:
-        """Record [start_ns, end_ns] of the emulated clock as a span, child of `parent`;
-        it is ended (a child may still name it as its parent)."""
+        """Record [start_ns, end_ns] of the emulated clock as a span, child of `parent`
+        (and linked to `links`); it is ended (a child may still name it as its parent)."""
         wall0, emu0 = self._anchor
         if emu0 is None:
             emu0 = start_ns
@@ -108,6 +109,7 @@ class HardwareTrace:
                 names.ATTR_EMULATED_NS: end_ns - start_ns,
                 **attributes,
             },
+            links=links,
         )
         span.end(end_time=wall0 + end_ns - emu0)
         return span
@@ -176,8 +178,12 @@ class HardwareTrace:
         done: Pass,
         spent: Cost,
         kv_tokens: int,
+        iteration: int | None = None,
+        served: Sequence[Link] = (),
     ) -> None:
-        """One forward pass of an endpoint's engine (`rdu.serve.pass`) on this socket."""
+        """One forward pass of an endpoint's engine (`rdu.serve.pass`) on this socket:
+        the engine's `iteration`, linked to the spans of the requests it `served`
+        (telemetry/served.py)."""
         attributes: dict[str, AttributeValue] = {
             names.ATTR_JOB_MODEL: model,
             names.ATTR_FUSION_PLAN: done.plan.value,
@@ -189,7 +195,9 @@ class HardwareTrace:
             names.ATTR_FLOPS: round(spent.flops),
             names.ATTR_TIER: KERNEL_TRAFFIC_TIER,
         }
-        self.span(names.SPAN_PASS, parent, job_id, start_ns, end_ns, attributes)
+        if iteration is not None:
+            attributes[names.ATTR_ITERATION] = iteration
+        self.span(names.SPAN_PASS, parent, job_id, start_ns, end_ns, attributes, served)
 
     def serve(
         self,

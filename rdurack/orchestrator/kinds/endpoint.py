@@ -21,6 +21,7 @@ from rdurack.orchestrator.jobs import EndpointWorkload, JobSpec
 from rdurack.orchestrator.kinds.contract import Cancelled, JobRun, KindContext, by_node, workload_of
 from rdurack.rack.kernels import Phase, step
 from rdurack.telemetry import names
+from rdurack.telemetry.served import PassesServed
 from rdurack.workloads.predictor import Predictor
 from rdurack.workloads.serving.stream.pricing import Pass, kv_budget_tokens
 
@@ -106,11 +107,17 @@ class EndpointKind:
                 pass
 
     def run(
-        self, job_id: str, offset_ns: int, passes: Sequence[Pass], kv_tokens: int
+        self,
+        job_id: str,
+        offset_ns: int,
+        passes: Sequence[Pass],
+        kv_tokens: int,
+        served: PassesServed | None = None,
     ) -> tuple[list[int], int]:
         """`passes` one after the other on the job's sockets, the first from `offset_ns`
         after the job's start; each pass's duration on the slowest socket (ns), and the
-        job's start (ns). LinkFailure (unavailable) while the job is not running."""
+        job's start (ns). LinkFailure (unavailable) while the job is not running.
+        `served`: the requests each pass served (their spans link to theirs)."""
         if not 0 <= offset_ns <= MAX_OFFSET_NS:
             raise InvalidRequest(f"offset_ns: {offset_ns} is not within 0..{MAX_OFFSET_NS}")
         if not 0 <= kv_tokens <= MAX_KV_TOKENS:
@@ -135,7 +142,7 @@ class EndpointKind:
 
             def part(node: int, ids: list[str]) -> list[list[int]]:
                 runs = job.gateway.run_passes(
-                    node, job_id, ids, w, passes, kv_tokens, held.start_ns + offset_ns
+                    node, job_id, ids, w, passes, kv_tokens, held.start_ns + offset_ns, served
                 )
                 return [list(r.durations_ns) for r in runs]
 
