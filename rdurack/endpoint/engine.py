@@ -303,7 +303,7 @@ class Engine:
             await self._pace(ends[i])
             self.clock_s = ends[i]
             closed = finished[i] if done else self.scheduler.finish(it, ends[i])
-            self._deliver(it)
+            self._deliver(it, ends[i])
             self.on_iteration(it, ends[i - 1] if i else start, ends[i])
             for r in closed:
                 h = self._handles.get(r.arrival.index)
@@ -326,14 +326,17 @@ class Engine:
         delay = self._wall0 + end_s * self.time_scale - time.monotonic()
         await asyncio.sleep(delay if self.time_scale > 0 and delay > 0 else 0)
 
-    def _deliver(self, it: Iteration) -> None:
+    def _deliver(self, it: Iteration, end_s: float) -> None:
+        """The tokens the iteration ending at `end_s` produced, out now: of a plan's
+        iterations, finished on the scheduler ahead, each waits for its own (their
+        tokens are stamped with their iteration's end, `_retime`)."""
         members = [r for r, _ in it.prefill] + list(it.decode)
         for r in members:
             h = self._handles.get(r.arrival.index)
             if h is None:
                 continue
             h.batches.append(it.batch)
-            while h.sent < len(r.token_s):
+            while h.sent < len(r.token_s) and r.token_s[h.sent] == end_s:
                 token = Token(h.sent, r.token_s[h.sent])
                 h.sent += 1
                 h.tokens.put_nowait(token)

@@ -4,6 +4,7 @@ gives the same emulated times; cancelling frees at once; the queue has its bound
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -141,3 +142,37 @@ def test_a_failed_planned_call_leaves_the_engine_serving_as_the_predictor_says()
     e2e = [t[-1] - a.at_s for a, t in second]
     assert max(e2e) == pytest.approx(want.e2e_s.max, rel=1e-9)
     assert sum(e2e) / 2 == pytest.approx(want.e2e_s.mean, rel=1e-9)
+
+
+def test_no_token_of_a_planned_call_leaves_before_its_emulated_time() -> None:
+    """A call of one iteration takes 20 ms of wall, so the next carries about 16
+    iterations of llama3.1-8b, and answers at once: each of their tokens still waits
+    for its own iteration's end on the wall clock (they once all left with the first)."""
+    setting = StreamSetting("llama3.1-8b", 8, Policy.CONTINUOUS, max_batch=4)
+    pricer, scheduler = prepare(Predictor(RACK), setting, builtin_models())
+    plans: list[int] = []
+
+    async def slow_then_fast(passes: Sequence[Pass], start_s: float) -> list[float]:
+        plans.append(len(passes))
+        if len(passes) == 1:
+            await asyncio.sleep(0.02)
+        return [pricer.seconds(p) for p in passes]
+
+    engine = Engine("llama3.1-8b", scheduler, pricer, slow_then_fast, 1.0, plans_ahead=True)
+
+    async def run() -> list[tuple[float, Token]]:
+        engine.start()
+        try:
+            h = engine.submit(64, 60)
+            out = []
+            while (t := await h.tokens.get()) is not None:
+                out.append((time.monotonic(), t))
+            return out
+        finally:
+            await engine.stop()
+
+    got = asyncio.run(asyncio.wait_for(run(), 60))
+    assert len(got) == 60 and max(plans) > 4, plans  # planned calls, several iterations
+    wall0 = engine._wall0  # the engine's wall origin: emulated s x scale after it
+    early = [t.emulated_s - (wall - wall0) for wall, t in got]
+    assert max(early) < 1e-3, f"a token left {max(early) * 1e3:.1f} ms before its time"
