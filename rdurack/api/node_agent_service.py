@@ -21,7 +21,7 @@ from rdurack.wire import rack as convert
 from rdurack.wire import training as training_convert
 from rdurack.wire.faults import fault_from_proto, fault_to_proto
 from rdurack.wire.jobs import speculative_from_proto
-from rdurack.wire.passes import passes_from_proto
+from rdurack.wire.passes import bundle_from_proto, passes_from_proto
 from rdurack.wire.served import served_from_proto
 from rdurack.workloads.serving.batch import ServeRequest
 from rdurack.workloads.serving.speculative import SpeculativeSetting
@@ -135,6 +135,7 @@ class NodeAgentService(node_agent_pb2_grpc.NodeAgentServiceServicer):
             request.kv_tokens,
             request.emulated_start_ns or None,
             served_from_proto(request.served, len(passes)),
+            bundle_from_proto(request),
         )
         return node_agent_pb2.NodePassesResponse(
             sockets=[

@@ -29,7 +29,7 @@ from rdurack.wire import rack as convert
 from rdurack.wire import training as training_convert
 from rdurack.wire.faults import fault_from_proto, fault_to_proto
 from rdurack.wire.jobs import speculative_to_proto
-from rdurack.wire.passes import pass_to_proto
+from rdurack.wire.passes import bundle_to_proto, pass_to_proto
 from rdurack.wire.served import served_to_proto
 from rdurack.workloads.program import Op, ProgramRun
 from rdurack.workloads.serving.stream.pricing import Pass
@@ -213,6 +213,7 @@ class GrpcNodeGateway:
             passes=[pass_to_proto(p) for p in passes],
             kv_tokens=kv_tokens,
             served=None if served is None else served_to_proto(served),
+            bundle=bundle_to_proto(workload.bundle),
         )
         reply = self._call(node, f"passes of {job_id}", "RunPasses", request, self.timeout_s)
         assert isinstance(reply, node_agent_pb2.NodePassesResponse)

@@ -33,7 +33,7 @@ from rdurack.endpoint.engine import Unavailable
 from rdurack.errors import RdurackError
 from rdurack.telemetry.served import SERVED_KEY, PassesServed
 from rdurack.v1 import common_pb2, job_pb2, job_pb2_grpc, rack_pb2, rack_pb2_grpc
-from rdurack.wire.passes import pass_to_proto
+from rdurack.wire.passes import bundle_to_proto, pass_to_proto
 from rdurack.wire.served import served_to_proto
 from rdurack.workloads.serving.stream.pricing import Pass, Pricer
 from rdurack.workloads.serving.stream.scheduler import Scheduler
@@ -163,10 +163,15 @@ class RackModel:
     def _hold(self, patient: bool) -> str:
         # An idempotency key: a submission sent again after its answer was lost is the
         # same job, not a second one holding sockets no one releases.
+        bundle = self.pricer.bundle
         spec = job_pb2.JobSpec(
             name=f"rdu serve {self.model}",
             platform=self.platform,
-            endpoint=job_pb2.EndpointJob(model=self.model, num_sockets=self.pricer.sockets),
+            endpoint=job_pb2.EndpointJob(
+                model=self.model,
+                num_sockets=self.pricer.sockets,
+                bundle=bundle_to_proto(None if bundle is None else bundle.layout),
+            ),
             client_request_id=uuid.uuid4().hex,
         )
         submitted = time.monotonic()

@@ -58,11 +58,6 @@ def engines(
     """An engine per model name, each set as `setting` says but for its model, and one
     for the `bundle` if given (a CoE bundle's setting); with `rack` (a channel to its
     orchestrator), its iterations run on the rack's sockets."""
-    if bundle is not None and rack is not None:
-        raise InvalidRequest(
-            "a CoE bundle is served priced in this process: not yet on a rack's sockets "
-            "(drop --rack, or serve preset models there)"
-        )
     out = {}
     settings = [replace(setting, model=name) for name in names]
     for one in [*settings, *([bundle] if bundle is not None else [])]:

@@ -46,6 +46,7 @@ from rdurack.telemetry.propagation import inject
 from rdurack.telemetry.served import PassesServed
 from rdurack.workloads.program import Op, ProgramRun
 from rdurack.workloads.serving.batch import SERVE, ServeRequest
+from rdurack.workloads.serving.stream.bundle import BundleLayout
 from rdurack.workloads.serving.stream.pricing import Pass
 from rdurack.workloads.training.job import RankReport, TrainingWorkload
 
@@ -229,9 +230,11 @@ class NodeAgent:
         kv_tokens: int,
         start_ns: int | None = None,
         served: PassesServed | None = None,
+        bundle: BundleLayout | None = None,
     ) -> list[PassesRun]:
         """An endpoint's passes on the sockets (Socket.run_passes); the TP group is
-        `group_size` sockets, across nodes. `served`: the requests each pass served."""
+        `group_size` sockets, across nodes. `served`: the requests each pass served;
+        `bundle`: what a CoE bundle's sockets hold."""
         return self._drive(
             names.SPAN_NODE_KERNEL,
             {names.ATTR_JOB_MODEL: model.name, names.ATTR_STEPS: len(passes)},
@@ -240,7 +243,7 @@ class NodeAgent:
             f"passes of endpoint job {job_id}",
             "run_passes",
             (job_id, model, group_size, list(passes), kv_tokens, start_ns),
-            {"served": served},
+            {"served": served, "bundle": bundle},
         )
 
     def collective(

@@ -9,6 +9,8 @@ at once.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from rdurack.errors import InvalidRequest, UnknownName
@@ -61,6 +63,10 @@ class JobMemory:
             (f"kv/{model}/{kv_tokens}", Tier.HBM, placement.kv_hbm_bytes,
              f"KV cache of {kv_tokens} tokens"),
         ]  # fmt: skip
+        self.hold(job_id, held)
+
+    def hold(self, job_id: str, held: Sequence[tuple[str, Tier, int, str]]) -> None:
+        """Each (name, tier, bytes, what) held for the job: once, then kept."""
         for name, tier, nbytes, what in held:
             key = f"{job_id}/{name}"
             if nbytes and key not in self.memory:

@@ -8,7 +8,7 @@ programs, training and collectives.
 
 from __future__ import annotations
 
-from rdurack.errors import InvalidRequest
+from rdurack.errors import InvalidRequest, UnknownName
 from rdurack.node_agent.job_memory import JobMemory
 from rdurack.node_agent.runs import PassesRun, Run
 from rdurack.node_agent.timeline.hardware_trace import HardwareTrace
@@ -22,6 +22,7 @@ from rdurack.telemetry.served import PassesServed
 from rdurack.workloads.predictor import Predictor
 from rdurack.workloads.serving.batch import ServeRequest, resolve
 from rdurack.workloads.serving.costs import Cost, serve_parts
+from rdurack.workloads.serving.stream.bundle import BundleLayout
 from rdurack.workloads.serving.stream.pricing import Pass, cost
 
 
@@ -89,16 +90,27 @@ class Serving:
         start_ns: int | None = None,
         carrier: dict[str, str] | None = None,
         served: PassesServed | None = None,
+        bundle: BundleLayout | None = None,
     ) -> PassesRun:
         """An endpoint's forward passes, one after the other, priced as `rdu predict
         serve --arrivals` prices them: this socket's share of a TP group of
         `group_size`. The model's weight share stays held in HBM for the job; its KV
         cache is what the engine's requests hold now (`kv_tokens`, the whole group's).
-        A span per pass, linked to the spans of the requests it served (`served`)."""
+        A span per pass, linked to the spans of the requests it served (`served`). Of
+        a CoE `bundle` (`model` its experts'), the socket holds the bundle's share
+        instead of the model's, and a pass pays its router and its switch."""
         self._hold(job_id)
         if not passes:
             raise InvalidRequest("passes: at least one")
-        self._held.hold_model(job_id, model.name, place(model, self.platform, group_size, 0), 0)
+        router = None
+        if bundle is None:
+            placed = place(model, self.platform, group_size, 0)
+            self._held.hold_model(job_id, model.name, placed, 0)
+        else:
+            if bundle.router_model not in self._models:
+                raise UnknownName("model", bundle.router_model, sorted(self._models))
+            router = self._models[bundle.router_model]
+            self._held.hold(job_id, bundle.holdings(model, router, group_size))
         kv = place(model, self.platform, group_size, kv_tokens).kv_hbm_bytes
         self._held.hold_kv(job_id, model.name, kv_tokens, kv)
         self._pacer.meet(start_ns)
@@ -108,7 +120,7 @@ class Serving:
         durations = []
         for i, done in enumerate(passes):
             at = self.clock.now_ns
-            spent = cost(self._predictor, model, group_size, done)
+            spent = cost(self._predictor, model, group_size, done, router)
             self.clock.advance(spent.seconds * self.slowdown)
             durations.append(self.clock.now_ns - at)
             self._trace.passed(

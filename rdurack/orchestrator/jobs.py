@@ -29,6 +29,7 @@ from rdurack.rack.models import ExpertMapping
 from rdurack.workloads.coe.spec import CoeWorkload
 from rdurack.workloads.serving.batch import SERVE, ServeRequest
 from rdurack.workloads.serving.speculative import SpeculativeSetting
+from rdurack.workloads.serving.stream.bundle import BundleLayout
 from rdurack.workloads.training.job import TrainingWorkload
 
 
@@ -141,6 +142,7 @@ class EndpointWorkload(Config):
     kind: Literal["endpoint"] = "endpoint"
     model: str = Field(min_length=1, max_length=100)
     num_sockets: int = Field(default=8, gt=0, le=1024)
+    bundle: BundleLayout | None = None  # a CoE bundle of experts of `model`
 
 
 # The kinds are the proto's JobSpec oneof names.

@@ -16,6 +16,7 @@ from rdurack.orchestrator.store import Event
 from rdurack.v1 import common_pb2, job_pb2, rack_pb2, serve_pb2
 from rdurack.wire import rack as convert
 from rdurack.wire import training as training_convert
+from rdurack.wire.passes import bundle_from_proto, bundle_to_proto
 from rdurack.workloads.coe.spec import CoeWorkload
 from rdurack.workloads.serving.speculative import SpeculativeSetting
 from rdurack.workloads.training.job import TrainingWorkload
@@ -37,6 +38,7 @@ def spec_from_proto(p: job_pb2.JobSpec, default_platform: str) -> JobSpec:
         # Proto3's 0 is unset: a socket count of 0 is refused by the model.
         workload = {"kind": "endpoint", "model": p.endpoint.model}
         workload["num_sockets"] = p.endpoint.num_sockets
+        workload["bundle"] = bundle_from_proto(p.endpoint, "spec.endpoint.bundle")
     else:
         workload = _kernel(p)
     try:
@@ -145,7 +147,11 @@ def spec_to_proto(spec: JobSpec, client_request_id: str | None = None) -> job_pb
         msg.training.CopyFrom(training_convert.workload_to_proto(w))
         return msg
     if isinstance(w, EndpointWorkload):
-        msg.endpoint.CopyFrom(job_pb2.EndpointJob(model=w.model, num_sockets=w.num_sockets))
+        msg.endpoint.CopyFrom(
+            job_pb2.EndpointJob(
+                model=w.model, num_sockets=w.num_sockets, bundle=bundle_to_proto(w.bundle)
+            )
+        )
         return msg
     msg.kernel.CopyFrom(
         job_pb2.KernelJob(

@@ -77,8 +77,9 @@ class SocketGateway(FakeGateway):
         # The caller's trace context, as a node agent hands it to its actors: the passes'
         # spans are in the trace of the RPC that asked for them.
         run = speaker.run_passes(
-            job_id, model, workload.num_sockets, list(passes), kv_tokens, start_ns, inject(), served
-        )
+            job_id, model, workload.num_sockets, list(passes), kv_tokens, start_ns, inject(),
+            served, workload.bundle,
+        )  # fmt: skip
         self._moved(node, run.end_ns)
         return [PassesRun(s, run.start_ns, run.end_ns, run.durations_ns) for s in sockets]
 

@@ -15,6 +15,7 @@ from rdurack.rack.topology import SocketId
 from rdurack.v1 import job_pb2
 from rdurack.wire.jobs import spec_from_proto, spec_to_proto
 from rdurack.wire.passes import pass_to_proto, passes_from_proto
+from rdurack.workloads.serving.stream.bundle import BundleLayout
 from rdurack.workloads.serving.stream.pricing import Pass
 from tests.support.fake_rack import STEP_NS, FakeGateway, spec, stepped, until, wait_for
 
@@ -23,6 +24,14 @@ DECODE = Pass(FusionPlan.KERNEL_LOOPED, (Shape(4, 1, 300),), 4, False)
 
 def endpoint(model: str = "llama3.1-8b", sockets: int = 2) -> JobSpec:
     return JobSpec(workload=EndpointWorkload(model=model, num_sockets=sockets))
+
+
+def bundle(
+    router: str = "llama2-7b", sockets: int = 8, experts: int = 150, region: int = 20
+) -> JobSpec:
+    layout = BundleLayout(experts=experts, router_model=router, region_experts=region)
+    w = EndpointWorkload(model="llama2-7b", num_sockets=sockets, bundle=layout)
+    return JobSpec(workload=w)
 
 
 def test_an_endpoint_job_runs_passes_on_its_sockets_until_cancelled(tmp_path: Path) -> None:
@@ -80,6 +89,10 @@ def test_passes_run_on_endpoint_jobs_only(tmp_path: Path) -> None:
         (endpoint(model="llama3.1-405b", sockets=1), "spec.endpoint.num_sockets: "),
         (endpoint(sockets=3), "spec.endpoint.num_sockets: .*must divide heads"),
         (endpoint(sockets=24), "num_sockets: 24 sockets asked; the rack has 16"),
+        (bundle(router="nope"), "spec.endpoint.bundle.router_model: unknown model 'nope'"),
+        (bundle(sockets=16), "spec.endpoint.bundle: .*one node: 16 sockets > 8"),
+        (bundle(region=60), r"spec.endpoint.bundle: .*GB of hbm per socket on 8 sockets"),
+        (bundle(experts=5000, region=1), r"spec.endpoint.bundle: .*GB of ddr per socket"),
     ],
 )
 def test_an_endpoint_job_that_could_never_serve_is_refused(
@@ -93,9 +106,16 @@ def test_an_endpoint_job_that_could_never_serve_is_refused(
 
 
 def test_an_endpoint_spec_and_its_passes_round_trip_through_the_wire() -> None:
-    spec = endpoint("llama3.1-70b", 8)
-    assert spec_from_proto(spec_to_proto(spec), "sn40l-rack16") == spec
+    for one in (endpoint("llama3.1-70b", 8), bundle()):
+        assert spec_from_proto(spec_to_proto(one), "sn40l-rack16") == one
     chunk = Pass(FusionPlan.FUSED_HO, (Shape(1, 512, 1024, True), Shape(3, 1, 90)), 4, True)
-    assert passes_from_proto([pass_to_proto(p) for p in (DECODE, chunk)]) == [DECODE, chunk]
+    routed = Pass(FusionPlan.FUSED_HO, (Shape(2, 90, 90, True),), 2, True, "math-algebra", True,
+                  (Shape(2, 90, 90, True),))  # fmt: skip
+    passes = (DECODE, chunk, routed)
+    assert passes_from_proto([pass_to_proto(p) for p in passes]) == list(passes)
+    bad = job_pb2.JobSpec(endpoint=spec_to_proto(bundle()).endpoint)
+    bad.endpoint.bundle.region_experts = 151
+    with pytest.raises(InvalidRequest, match=r"spec.endpoint.bundle.*more than the 150 experts"):
+        spec_from_proto(bad, "sn40l-rack16")
     with pytest.raises(InvalidRequest, match=r"spec.endpoint.num_sockets: "):
         spec_from_proto(job_pb2.JobSpec(endpoint=job_pb2.EndpointJob(model="x")), "sn40l-rack16")

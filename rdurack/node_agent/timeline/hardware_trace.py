@@ -197,6 +197,9 @@ class HardwareTrace:
         }
         if iteration is not None:
             attributes[names.ATTR_ITERATION] = iteration
+        if done.expert:  # a bundle's pass: its expert, and whether it copied it in first
+            attributes[names.ATTR_EXPERT] = done.expert
+            attributes[names.ATTR_SWITCH_HIT] = not done.switch
         self.span(names.SPAN_PASS, parent, job_id, start_ns, end_ns, attributes, served)
 
     def serve(

@@ -74,6 +74,22 @@ class EndpointKind:
             )
         self.context.scheduler.check(spec)
         model = self.context.models[w.model].placed(None)
+        if w.bundle is not None:
+            router = w.bundle.router_model
+            if router not in self.context.models:
+                accepted = ", ".join(sorted(self.context.models))
+                raise InvalidRequest(
+                    f"spec.endpoint.bundle.router_model: unknown model {router!r}; "
+                    f"accepted: {accepted}"
+                )
+            try:
+                step(model, Phase.DECODE, 1, 1, w.num_sockets)
+                w.bundle.check(
+                    self.context.platform, model, self.context.models[router], w.num_sockets
+                )
+            except InvalidRequest as e:
+                raise InvalidRequest(f"spec.endpoint.bundle: {e}") from None
+            return
         try:
             step(model, Phase.DECODE, 1, 1, w.num_sockets)  # the TP split divides the heads
             budget = kv_budget_tokens(self.predictor, model, w.num_sockets)

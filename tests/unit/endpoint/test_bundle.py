@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-import grpc
 import httpx
 import openai
 import pytest
@@ -15,7 +14,6 @@ import pytest
 from rdurack.endpoint.app import EXPERT_HEADER, create_app
 from rdurack.endpoint.engine import Handle
 from rdurack.endpoint.server import engines
-from rdurack.errors import InvalidRequest
 from rdurack.rack.models import builtin_models
 from rdurack.rack.presets import platform
 from rdurack.workloads.predictor import Predictor
@@ -103,12 +101,3 @@ def test_an_unknown_model_and_a_prompt_over_the_window_get_one_line() -> None:
     assert one.status_code == 200 and one.json()["id"] == "coding-python"
     assert long.status_code == 400
     assert "context window of 4096 tokens" in long.json()["error"]["message"]
-
-
-def test_a_bundle_is_not_yet_served_on_a_racks_sockets() -> None:
-    channel = grpc.insecure_channel("127.0.0.1:1")  # never called: refused before
-    try:
-        with pytest.raises(InvalidRequest, match="not yet on a rack's sockets"):
-            engines(P, [], PRESET, MODELS, 0.0, rack=channel, bundle=BUNDLE)
-    finally:
-        channel.close()

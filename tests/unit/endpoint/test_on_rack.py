@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from math import ceil
 from pathlib import Path
 
 import grpc
@@ -29,8 +30,9 @@ from rdurack.rack.topology import SocketId
 from rdurack.v1 import common_pb2, job_pb2, job_pb2_grpc, serve_pb2
 from rdurack.workloads.predictor import Predictor
 from rdurack.workloads.serving.stream.arrivals import Arrival
+from rdurack.workloads.serving.stream.bundle import BUNDLE_NAME, BundleLayout, BundleSetting
 from rdurack.workloads.serving.stream.pricing import Pass
-from rdurack.workloads.serving.stream.replay import StreamSetting, replay
+from rdurack.workloads.serving.stream.replay import StreamSetting, prepare, replay
 from rdurack.workloads.serving.stream.scheduler import Policy
 from tests.support.endpoint import in_thread
 from tests.support.fake_rack import RACK, until
@@ -39,6 +41,13 @@ from tests.support.socket_rack import SocketGateway
 from tests.unit.endpoint.test_engine import MODEL, _all
 
 SETTING = StreamSetting(MODEL, 8, Policy.CONTINUOUS, max_batch=4)
+
+
+def bundle_layout(setting: StreamSetting) -> BundleLayout:
+    """The layout the endpoint's bundle asks its sockets to hold."""
+    pricer, _ = prepare(Predictor(RACK), setting, builtin_models())
+    assert pricer.bundle is not None
+    return pricer.bundle.layout
 
 
 @dataclass
@@ -102,6 +111,51 @@ def test_the_passes_run_on_the_sockets_and_time_as_the_predictors_replay(rack: R
     kv = [a for name, a in held.items() if name.startswith(f"kv/{MODEL}/")]
     assert len(kv) == 1 and kv[0].tier is Tier.HBM
 
+    model.release()
+    until(lambda: rack.orchestrator.get(job.id).state is JobState.CANCELLED, "released")
+
+
+def test_a_bundle_runs_on_the_sockets_and_times_as_the_predictors_replay(rack: Rack) -> None:
+    bundle = StreamSetting(BUNDLE_NAME, 8, Policy.CONTINUOUS, 4, bundle=BundleSetting(150))
+    served = engines(
+        Predictor(RACK), [], SETTING, builtin_models(), 0.0, rack=rack.channel, bundle=bundle
+    )
+    (model,) = on_rack(served)
+    model.hold()
+    assert model.job_id is not None
+    job = rack.orchestrator.get(model.job_id)
+    assert job.state is JobState.RUNNING and len(job.sockets) == 8
+    engine = served[BUNDLE_NAME]
+    asks = [("coding-python", True), ("math-algebra", False), ("coding-python", False)]
+    arrivals = [Arrival(i, 0.0, 200, 6, e, r) for i, (e, r) in enumerate(asks)]
+
+    async def run() -> list[list[float]]:
+        handles = [engine.submit(200, 6, None, a.expert, a.routed) for a in arrivals]
+        engine.start()
+        try:
+            out = []
+            for h in handles:
+                times = []
+                while (t := await h.tokens.get()) is not None:
+                    times.append(t.emulated_s)
+                out.append(times)
+            return out
+        finally:
+            await engine.stop()
+
+    got = asyncio.run(asyncio.wait_for(run(), 60))
+    want = replay(Predictor(RACK), bundle, arrivals, builtin_models())
+    assert want.switches == 2  # coding-python (both of its requests), then math-algebra
+    assert max(t[0] for t in got) == pytest.approx(want.ttft_s.max, rel=1e-6)
+    assert max(t[-1] for t in got) == pytest.approx(want.e2e_s.max, rel=1e-6)
+    speaker = rack.gateway.speakers[SocketId.parse(job.sockets[0]).node]
+    held = {a.name.split("/", 1)[1]: a for a in speaker.memory.allocations()}
+    layout = bundle_layout(bundle)
+    assert held["router"].tier is Tier.HBM and held["experts"].tier is Tier.DDR
+    assert held["region"].nbytes == layout.region_experts * ceil(
+        builtin_models()["llama2-7b"].weight_bytes / 8
+    )
+    assert "weights/llama2-7b" not in held  # the experts are in the region, not weights
     model.release()
     until(lambda: rack.orchestrator.get(job.id).state is JobState.CANCELLED, "released")
 

@@ -18,15 +18,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from math import floor
+from math import ceil, floor
 
 import numpy as np
+from pydantic import Field, model_validator
 
+from rdurack.config import Config
 from rdurack.errors import InvalidRequest, UnknownName
 from rdurack.rack.clock import EmulatedClock
 from rdurack.rack.memory import TieredMemory
 from rdurack.rack.models import ModelSpec
 from rdurack.rack.residency import ResidencyManager
+from rdurack.rack.spec import PlatformSpec, Tier
 from rdurack.workloads.coe.bundle import BundleShare
 from rdurack.workloads.coe.catalog import CATALOG_SIZE, expert_names
 from rdurack.workloads.coe.router import Router
@@ -51,6 +54,55 @@ class BundleSetting:
     expert_model: str = "llama2-7b"
     router_model: str = "llama2-7b"
     name: str = BUNDLE_NAME
+
+
+class BundleLayout(Config):
+    """What a bundle holds on each socket of its TP group, beside the KV cache: what an
+    endpoint job of a bundle (`rdu serve --rack --experts`) tells its sockets. Field
+    names are the proto's ServeBundle's."""
+
+    experts: int = Field(gt=0, le=10_000)
+    router_model: str = Field(min_length=1, max_length=100)
+    region_experts: int = Field(gt=0, le=10_000)  # experts the HBM region holds at once
+
+    @model_validator(mode="after")
+    def _region_in_bundle(self) -> BundleLayout:
+        if self.region_experts > self.experts:
+            raise ValueError(
+                f"region_experts: {self.region_experts} is more than the {self.experts} experts"
+            )
+        return self
+
+    def holdings(
+        self, expert: ModelSpec, router: ModelSpec, sockets: int
+    ) -> list[tuple[str, Tier, int, str]]:
+        """Each socket's share: (name, tier, bytes, what) of the router and the expert
+        region in HBM, and every expert in DDR."""
+        share = ceil(expert.weight_bytes / sockets)
+        return [
+            ("router", Tier.HBM, ceil(router.weight_bytes / sockets), f"router {router.name}"),
+            ("region", Tier.HBM, self.region_experts * share, "reserved expert region"),
+            ("experts", Tier.DDR, self.experts * share, f"{self.experts} x {expert.name}"),
+        ]
+
+    def check(self, platform: PlatformSpec, expert: ModelSpec, router: ModelSpec,
+              sockets: int) -> None:  # fmt: skip
+        """InvalidRequest, with the numbers, when a socket's tier cannot hold its share."""
+        if sockets > platform.node.sockets:
+            raise InvalidRequest(
+                f"a bundle is tensor parallel over one node: {sockets} sockets > "
+                f"{platform.node.sockets}"
+            )
+        need = {Tier.HBM: 0, Tier.DDR: 0}
+        for _, tier, nbytes, _ in self.holdings(expert, router, sockets):
+            need[tier] += nbytes
+        for tier, nbytes in need.items():
+            has = platform.socket.tier(tier).capacity_bytes
+            if nbytes > has:
+                raise InvalidRequest(
+                    f"the bundle needs {nbytes / 1e9:.1f} GB of {tier.value} per socket on "
+                    f"{sockets} sockets; a socket has {has / 1e9:.1f} GB"
+                )
 
 
 class Bundle:
@@ -110,6 +162,14 @@ class Bundle:
     def region_experts(self) -> int:
         """Experts the HBM region holds at once."""
         return self._region_bytes // self.expert_share
+
+    @property
+    def layout(self) -> BundleLayout:
+        return BundleLayout(
+            experts=len(self.names),
+            router_model=self.router_model.name,
+            region_experts=self.region_experts,
+        )
 
     @property
     def router(self) -> Router:
