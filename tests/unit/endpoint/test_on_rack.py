@@ -6,7 +6,7 @@ clocks, HBM and spans show the work; a rack that cannot run a pass answers 503."
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from math import ceil
 from pathlib import Path
@@ -18,7 +18,7 @@ import pytest
 from rdurack.api.job_service import JOB_SERVICE, JobService
 from rdurack.api.server import Server, channel
 from rdurack.endpoint.app import create_app
-from rdurack.endpoint.engine import UNAVAILABLE_FOR_S, Engine
+from rdurack.endpoint.engine import UNAVAILABLE_FOR_S, Engine, Handle
 from rdurack.endpoint.rack import RackModel
 from rdurack.endpoint.server import engines, on_rack
 from rdurack.orchestrator.jobs import JobState
@@ -84,6 +84,25 @@ def _on_rack(rack: Rack, time_scale: float = 0.0) -> tuple[Engine, RackModel]:
     return served[MODEL], model
 
 
+async def _times(
+    engine: Engine, submit: Sequence[Callable[[], Handle]]
+) -> list[tuple[Arrival, list[float]]]:
+    """Each request submitted in turn, then served to the end: its arrival and the
+    emulated times of its tokens."""
+    handles = [s() for s in submit]
+    engine.start()
+    try:
+        out = []
+        for h in handles:
+            times = []
+            while (t := await h.tokens.get()) is not None:
+                times.append(t.emulated_s)
+            out.append((h.arrival, times))
+        return out
+    finally:
+        await engine.stop()
+
+
 def test_the_passes_run_on_the_sockets_and_time_as_the_predictors_replay(rack: Rack) -> None:
     engine, model = _on_rack(rack)
     assert model.job_id is not None
@@ -129,21 +148,8 @@ def test_a_bundle_runs_on_the_sockets_and_times_as_the_predictors_replay(rack: R
     asks = [("coding-python", True), ("math-algebra", False), ("coding-python", False)]
     arrivals = [Arrival(i, 0.0, 200, 6, e, r) for i, (e, r) in enumerate(asks)]
 
-    async def run() -> list[list[float]]:
-        handles = [engine.submit(200, 6, None, a.expert, a.routed) for a in arrivals]
-        engine.start()
-        try:
-            out = []
-            for h in handles:
-                times = []
-                while (t := await h.tokens.get()) is not None:
-                    times.append(t.emulated_s)
-                out.append(times)
-            return out
-        finally:
-            await engine.stop()
-
-    got = asyncio.run(asyncio.wait_for(run(), 60))
+    submit = [lambda a=a: engine.submit(200, 6, None, a.expert, a.routed) for a in arrivals]
+    got = [t for _, t in asyncio.run(asyncio.wait_for(_times(engine, submit), 60))]
     want = replay(Predictor(RACK), bundle, arrivals, builtin_models())
     assert want.switches == 2  # coding-python (both of its requests), then math-algebra
     assert max(t[0] for t in got) == pytest.approx(want.ttft_s.max, rel=1e-6)
@@ -226,21 +232,8 @@ def test_calls_carry_several_planned_iterations_when_one_would_make_tokens_late(
     engine.executor = counted
     lengths = [(300, 60), (1200, 25), (64, 80), (700, 40)]
 
-    async def serve() -> list[tuple[Arrival, list[float]]]:
-        handles = [engine.submit(p, o) for p, o in lengths]
-        engine.start()
-        try:
-            out = []
-            for h in handles:
-                times = []
-                while (t := await h.tokens.get()) is not None:
-                    times.append(t.emulated_s)
-                out.append((h.arrival, times))
-            return out
-        finally:
-            await engine.stop()
-
-    got = asyncio.run(serve())
+    submit = [lambda p=p, o=o: engine.submit(p, o) for p, o in lengths]
+    got = asyncio.run(_times(engine, submit))
     assert max(sizes) > 1, sizes
     assert [len(t) for _, t in got] == [o for _, o in lengths]
     # The arrivals as the engine stamped them (wall time / time scale), replayed.
