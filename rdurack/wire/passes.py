@@ -4,13 +4,12 @@ proto's ServePass, both directions; what a client sends is checked by name."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from pydantic import ValidationError
 
 from rdurack.errors import InvalidRequest
 from rdurack.rack.kernels import Shape
-from rdurack.v1 import serve_pb2
+from rdurack.v1 import job_pb2, node_agent_pb2, serve_pb2
 from rdurack.wire import rack as convert
 from rdurack.workloads.serving.stream.bundle import BundleLayout
 from rdurack.workloads.serving.stream.pricing import Pass
@@ -52,7 +51,9 @@ def bundle_to_proto(layout: BundleLayout | None) -> serve_pb2.ServeBundle | None
     )
 
 
-def bundle_from_proto(owner: Any, field: str = "bundle") -> BundleLayout | None:
+def bundle_from_proto(
+    owner: job_pb2.EndpointJob | node_agent_pb2.NodePassesRequest, field: str = "bundle"
+) -> BundleLayout | None:
     """`owner`'s ServeBundle field as a layout (None if unset); InvalidRequest naming
     the bad field."""
     if not owner.HasField("bundle"):
@@ -64,8 +65,8 @@ def bundle_from_proto(owner: Any, field: str = "bundle") -> BundleLayout | None:
         )
     except ValidationError as e:
         first = e.errors()[0]
-        where = ".".join(str(x) for x in first["loc"])
-        raise InvalidRequest(f"{field}.{where}: {first['msg']}") from None
+        where = ".".join([field, *(str(x) for x in first["loc"])])  # no loc: the whole
+        raise InvalidRequest(f"{where}: {first['msg']}") from None
 
 
 def passes_from_proto(msgs: Sequence[serve_pb2.ServePass], field: str = "passes") -> list[Pass]:
