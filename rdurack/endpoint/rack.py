@@ -232,7 +232,9 @@ class RackModel:
             for _ in self.jobs.WatchJob(job_pb2.WatchJobRequest(job_id=job_id), timeout=1.0):
                 break
         except grpc.RpcError as e:
-            if e.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
+            # A server that stops mid-stream resets it (RST_STREAM: CANCELLED, not
+            # UNAVAILABLE); the GetJob after says whether the orchestrator is gone.
+            if e.code() not in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED):
                 raise
         return self.jobs.GetJob(job_pb2.GetJobRequest(job_id=job_id), timeout=PASS_TIMEOUT_S).job
 
