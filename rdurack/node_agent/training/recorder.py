@@ -23,8 +23,8 @@ from rdurack.node_agent.training.spans import GradientWindow, TrainSpan, traced
 from rdurack.rack.spec import Tier
 from rdurack.telemetry import names
 from rdurack.workloads.training.job import RankReport
-from rdurack.workloads.training.loop import CheckpointEvent, StepInfo
 from rdurack.workloads.training.progressive import StageReport
+from rdurack.workloads.training.rank import CheckpointEvent, StepInfo
 
 
 class RankRecorder:

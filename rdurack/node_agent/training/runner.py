@@ -36,16 +36,16 @@ from rdurack.rack.models import ModelSpec
 from rdurack.rack.presets import platform as preset
 from rdurack.rack.spec import PlatformSpec, Tier
 from rdurack.workloads.training.job import RankReport, TrainingWorkload, model_cost, step_cost
-from rdurack.workloads.training.loop import (
+from rdurack.workloads.training.loop import train_steps
+from rdurack.workloads.training.memory import MemoryAccount
+from rdurack.workloads.training.models import Model
+from rdurack.workloads.training.rank import (
     CheckpointEvent,
     RankContext,
     RankResult,
     StageEvent,
     StepInfo,
-    train_steps,
 )
-from rdurack.workloads.training.memory import MemoryAccount
-from rdurack.workloads.training.models import Model
 
 
 class RankRunner:

@@ -47,12 +47,13 @@ from rdurack.workloads.predictor import Predictor
 from rdurack.workloads.training.arrays import Params
 from rdurack.workloads.training.ddp import DEFAULT_BUCKET_CAP_BYTES, assign_buckets
 from rdurack.workloads.training.distributed import DEFAULT_TIMEOUT_S, MAX_WORLD_SIZE
-from rdurack.workloads.training.loop import TrainSpec, data_shape
+from rdurack.workloads.training.loop import data_shape
 from rdurack.workloads.training.memory_plan import MemoryPlan, plan_memory
 from rdurack.workloads.training.models import Model
 from rdurack.workloads.training.movement import DEFAULT_THRESHOLD, DEFAULT_WINDOW_STEPS
 from rdurack.workloads.training.overlap import OverlapTiming, overlap, split_by_bytes
 from rdurack.workloads.training.progressive import Strategy
+from rdurack.workloads.training.rank import TrainSpec
 from rdurack.workloads.training.strategy import Trainee
 
 NUMPY_MODELS = ("mlp", "transformer")

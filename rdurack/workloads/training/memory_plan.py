@@ -17,10 +17,11 @@ import numpy as np
 
 from rdurack.rack.memory import TieredMemory
 from rdurack.rack.spec import SocketSpec, Tier
-from rdurack.workloads.training.loop import TrainSpec, data_shape, make_optimizer
+from rdurack.workloads.training.loop import data_shape, make_optimizer
 from rdurack.workloads.training.memory import Holding, MemoryAccount
 from rdurack.workloads.training.movement import EffectiveMovement
 from rdurack.workloads.training.progressive import Stage
+from rdurack.workloads.training.rank import TrainSpec
 from rdurack.workloads.training.strategy import Trainee
 
 WEIGHT_PARTS = ("weights", "block.", "output.")  # part names (prefixes) of weights

@@ -13,7 +13,8 @@ from rdurack.workloads.training.backend import Backend, ThreadGroup
 from rdurack.workloads.training.checkpoint import load
 from rdurack.workloads.training.data import digits, synthetic
 from rdurack.workloads.training.diagnostics import DUPLICATE_SAMPLES, REPLICAS_DIFFER
-from rdurack.workloads.training.loop import RankContext, TrainSpec, train, train_threaded
+from rdurack.workloads.training.loop import train, train_threaded
+from rdurack.workloads.training.rank import RankContext, TrainSpec
 
 
 def _assert_same_params(a: dict[str, np.ndarray], b: dict[str, np.ndarray], tol: float) -> None:

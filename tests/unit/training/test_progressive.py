@@ -14,19 +14,14 @@ from rdurack.rack.spec import Tier
 from rdurack.workloads.training.backend import ThreadGroup
 from rdurack.workloads.training.blocks import BlockSplit
 from rdurack.workloads.training.job import TrainingWorkload, numpy_plan
-from rdurack.workloads.training.loop import (
-    RankContext,
-    StageEvent,
-    TrainSpec,
-    train,
-    train_threaded,
-)
+from rdurack.workloads.training.loop import train, train_threaded
 from rdurack.workloads.training.memory import MemoryAccount
 from rdurack.workloads.training.memory_plan import plan_memory
 from rdurack.workloads.training.models import Model
 from rdurack.workloads.training.movement import EffectiveMovement
 from rdurack.workloads.training.optim import SGD
 from rdurack.workloads.training.progressive import Stage, placement, stage_order
+from rdurack.workloads.training.rank import RankContext, StageEvent, TrainSpec
 from rdurack.workloads.training.shrunken import (
     largest_shrunken,
     parameters,
