@@ -92,6 +92,19 @@ class StoreUnavailable(RdurackError):
     the request may be retried; a submission with a client_request_id is not doubled."""
 
 
+class NotLeader(RdurackError):
+    """Only the leading orchestrator replica may do this (schedule, run an endpoint's
+    passes), or a replica's term as leader ended. `leader`: the replica that holds the
+    lease (its address), "" if none does."""
+
+    def __init__(self, message: str, leader: str = ""):
+        self.leader = leader
+        super().__init__(message)
+
+    def __reduce__(self) -> tuple[type, tuple[str, str]]:
+        return (type(self), (str(self), self.leader))
+
+
 class OneProcessPerSocket(RdurackError):
     """A spec that would run two processes (TP or DDP ranks) on one socket. Refused
     before it runs: an RDU serves one process at a time."""

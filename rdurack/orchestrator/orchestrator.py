@@ -14,6 +14,14 @@ Started, one scheduling thread runs a round whenever something changed (and ever
 runs the placed jobs. Started without them (`start(background=False)`), the caller
 steps the rounds itself: `schedule_once()` and `supervise_once()`.
 
+Replicas (leadership.py): several orchestrators may share one job store. Each serves
+reads and watches and accepts submissions and cancellations; only the one that holds
+the store's lease, the leader, schedules and runs jobs, through a view of the store
+fenced by its term. A replica that becomes leader first recovers what the previous
+leader left scheduled or running (as a restarted orchestrator does); one whose term
+ends aborts its runs, which the next leader recovers. Jobs submitted to a follower
+reach the leader's queue through the store, at its next round (`poll_s` at most).
+
 Tenants (plain data; who a caller is, is the gRPC edge's business): every job belongs to
 the tenant that submitted it ("" on an open rack). A read, watch or cancel given a
 tenant sees only that tenant's jobs; any other job id, existing or not, is
@@ -40,7 +48,13 @@ from typing import Literal
 
 from opentelemetry import trace
 
-from rdurack.errors import InvalidRequest, PermissionDenied, QuotaExceeded, UnknownName
+from rdurack.errors import (
+    InvalidRequest,
+    NotLeader,
+    PermissionDenied,
+    QuotaExceeded,
+    UnknownName,
+)
 from rdurack.orchestrator.gateway import NodeGateway, NodeView, SocketView
 from rdurack.orchestrator.health import DEAD_AFTER_S, INTERVAL_S, Change, HealthWatcher
 from rdurack.orchestrator.jobs import Job, JobSpec, JobState
@@ -49,10 +63,12 @@ from rdurack.orchestrator.kinds.contract import JobKind, KindContext
 from rdurack.orchestrator.kinds.endpoint import EndpointKind
 from rdurack.orchestrator.kinds.kernel import KernelKind
 from rdurack.orchestrator.kinds.training import TrainingKind
+from rdurack.orchestrator.leadership import LEASE_TTL_S, Elector
 from rdurack.orchestrator.scheduler import Scheduler
 from rdurack.orchestrator.scheduling import Rounds
 from rdurack.orchestrator.signals import JobSignals
 from rdurack.orchestrator.store import Event, JobStore
+from rdurack.orchestrator.store.lease import Term
 from rdurack.orchestrator.supervision import ACTIVE, Supervisor
 from rdurack.rack.models import builtin_models
 from rdurack.rack.spec import PlatformSpec
@@ -85,6 +101,8 @@ class Orchestrator:
         retry_backoff_s: float = 1.0,
         tracer_provider: trace.TracerProvider | None = None,
         clock: Callable[[], float] = time.monotonic,
+        replica: str = "orchestrator",
+        lease_ttl_s: float = LEASE_TTL_S,
     ) -> None:
         """`checkpoint_dir`: where training jobs checkpoint (a directory per job), on a
         filesystem every node agent sees; None: training jobs do not checkpoint.
@@ -95,8 +113,10 @@ class Orchestrator:
         doubled with each attempt it has made (so a fault that lasts a while does not
         use up its attempts at once).
         `tracer_provider`: where its spans go (default: the process's global one).
-        `clock`: monotonic seconds for backoffs and health deadlines (a test's own clock
-        lets it say how much time passed between the rounds it runs)."""
+        `clock`: monotonic seconds for backoffs, health deadlines and the leader's term
+        (a test's own clock lets it say how much time passed between the rounds it runs).
+        `replica`: this orchestrator's name among the replicas sharing the store (its
+        address); `lease_ttl_s`: how long a silent leader keeps the lease."""
         self.store = store
         self.gateway = gateway
         self.platform = platform
@@ -132,6 +152,10 @@ class Orchestrator:
         self._signals = JobSignals()  # wakes a job's watchers on its new events
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        # The lease is on real time (the database's clock), never on a test's `clock`.
+        self.elector = Elector(store, replica, lease_ttl_s, on_change=self._kick)
+        self._led: Term | None = None  # the term this replica leads in, its recovery done
+        self._lead_lock = threading.Lock()  # one change of office at a time
         tracer = trace.get_tracer(names.TRACER_ORCHESTRATOR, tracer_provider=tracer_provider)
         self._supervisor = Supervisor(
             store,
@@ -173,23 +197,29 @@ class Orchestrator:
     # ------------------------------------------------------------------ lifecycle
 
     def start(self, *, background: bool = True) -> list[Job]:
-        """Recover what a previous run left scheduled or running, ask the agents for
-        their health once and release the sockets they hold for no active job; then
-        (`background`) start the scheduling and health threads. Without them, nothing
-        is scheduled or watched until the caller runs `schedule_once()` or
-        `supervise_once()` (placed jobs still run on the workers)."""
-        recovered = self.store.recover(self.recovery, self._supervisor.max_attempts)
+        """Ask the agents for their health once and claim the leader's lease; if this
+        replica leads, recover what a previous leader left scheduled or running and
+        release the sockets the agents hold for no active job (the jobs recovered are
+        returned). The lease is claimed on a thread from then on. Then (`background`)
+        start the scheduling and health threads. Without them, nothing is scheduled or
+        watched until the caller runs `schedule_once()` (which also follows the lease:
+        a term that ended aborts the runs) or `supervise_once()` (placed jobs still run
+        on the workers)."""
         if self.health is not None:
             self.health.poll_once()
             if background:
                 self.health.start()
-        self._rounds.release_orphans()
+        self.elector.step()
+        recovered = self._lead()
+        self.elector.start()  # a renewal is not a step a test drives: a lapse aborts runs
         if background:
             self._thread = threading.Thread(target=self._loop, name="scheduler", daemon=True)
             self._thread.start()
         return recovered
 
     def stop(self) -> None:
+        """Stop scheduling, wait for the runs in progress, then give up the lease (a
+        follower takes over at once)."""
         self._stop.set()
         if self.health is not None:
             self.health.stop()
@@ -198,11 +228,44 @@ class Orchestrator:
             self._thread.join(timeout=10)
         self._endpoint.stop()  # its holds would never end on their own
         self._supervisor.stop()
+        self.elector.stop()
         self._signals.stop()
 
+    @property
+    def leading(self) -> bool:
+        """Whether this replica leads (and has recovered its predecessor's jobs)."""
+        return self._led is not None and self.elector.holds(self._led)
+
     def schedule_once(self) -> int:
-        """One scheduling round (scheduling.py); returns how many jobs it started."""
+        """One scheduling round (scheduling.py) if this replica leads; returns how many
+        jobs it started."""
+        self._lead()
+        if self._led is None:
+            return 0
+        self._supervisor.sync_cancelled()
         return self._rounds.once()
+
+    def _lead(self) -> list[Job]:
+        """Follow the elector: a term that ended aborts this replica's runs; a new one
+        recovers what the previous leader left (its jobs returned)."""
+        with self._lead_lock:
+            term = self.elector.term()
+            if term == self._led:
+                return []
+            if self._led is not None:
+                ended, self._led = self._led, None
+                self._supervisor.abort_all(
+                    f"replica {ended.holder} stopped leading (term {ended.epoch} ended); "
+                    "the next leader retries the job"
+                )
+            if term is None:
+                return []
+            store = self.store.fenced(term, self.elector.holds)
+            self._supervisor.store = self._rounds.store = store
+            recovered = store.recover(self.recovery, self._supervisor.max_attempts)
+            self._rounds.release_orphans()
+            self._led = term
+            return recovered
 
     def supervise_once(self) -> list[Change]:
         """One health round: ask every agent, stop the runs a lost socket or agent was
@@ -288,6 +351,14 @@ class Orchestrator:
         """An endpoint job's passes on its sockets (kinds/endpoint.py `run`); `served`:
         the requests each pass served, which its spans link to."""
         job = self.get(job_id, tenant)
+        if not self.leading:
+            leader = self.elector.leader
+            raise NotLeader(
+                f"replica {self.elector.holder} does not lead; "
+                f"{leader or 'no replica'} does: an endpoint job's passes run on the "
+                "leader, which runs the job",
+                leader=leader,
+            )
         if job.spec.workload.kind != "endpoint":
             raise InvalidRequest(
                 f"job {job_id} is a {job.spec.workload.kind} job; passes run on endpoint jobs"

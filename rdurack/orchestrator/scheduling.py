@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from opentelemetry import trace
 
-from rdurack.errors import LinkFailure, SocketBusy
+from rdurack.errors import LinkFailure, NotLeader, SocketBusy
 from rdurack.orchestrator.gateway import NodeGateway, NodeView
 from rdurack.orchestrator.health import HealthWatcher
 from rdurack.orchestrator.jobs import IllegalTransition, Job, JobState
@@ -144,9 +144,11 @@ class Rounds:
                 held.append((node, ids))
             self.store.transition(job.id, JobState.SCHEDULED, sockets=tuple(sockets))
             self.supervisor.placed(job.id, sockets)
-        except (SocketBusy, LinkFailure, IllegalTransition) as e:
+        except (SocketBusy, LinkFailure, IllegalTransition, NotLeader) as e:
             for node, ids in held:
                 release(self.gateway, node, job.id, ids)
+            if isinstance(e, NotLeader):
+                raise  # the term ended: the round stops
             if not isinstance(e, IllegalTransition):
                 self.store.add_event(job.id, "placement", {"error": str(e)})
                 self._notify(job.id)

@@ -10,6 +10,11 @@ again once `retry_backoff_s`, doubled with each attempt it made, has passed on t
 orchestrator's clock (so a fault that lasts a while does not use up its attempts at
 once); any other error fails the job. A cancelled job's run stops quietly.
 
+A run writes through the store of the leader's term it was placed in (`store`, set by
+the orchestrator when its term begins): if the term ends, the run's writes fail
+(NotLeader) and it stops without writing; `abort_all` stops every run at once, and the
+next leader recovers their jobs.
+
 Faults (docs/faults.md): the health watcher's report (`on_health`) stops at once every
 run that a lost socket or agent (dead, restarted) was part of: its calls in flight on
 the survivors are aborted, and the job is retried elsewhere. A CoE job with several
@@ -25,7 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from opentelemetry import trace
 
-from rdurack.errors import LinkFailure, RdurackError, SocketBusy
+from rdurack.errors import LinkFailure, NotLeader, RdurackError, SocketBusy
 from rdurack.orchestrator.gateway import NodeGateway
 from rdurack.orchestrator.health import Change, HealthWatcher
 from rdurack.orchestrator.jobs import IllegalTransition, Job, JobState
@@ -99,12 +104,26 @@ class Supervisor:
         return self._not_before.get(job_id, 0.0) > now
 
     def hand_over(self, job_id: str, placed_by: trace.SpanContext | None) -> None:
-        """Run a placed job on a worker; its span links to `placed_by` (the round)."""
-        self._workers.submit(self._run, job_id, placed_by)
+        """Run a placed job on a worker, writing through the store of the term that
+        placed it; its span links to `placed_by` (the round)."""
+        self._workers.submit(self._run, job_id, placed_by, self.store)
 
     def cancel(self, job_id: str) -> None:
         """The job was cancelled: its run stops at its next step."""
         self._cancelled.add(job_id)
+
+    def sync_cancelled(self) -> None:
+        """Stop the runs of jobs cancelled through another replica (the store says so)."""
+        with self._lock:
+            running = list(self._runs)
+        self._cancelled.update(self.store.cancelled(running))
+
+    def abort_all(self, reason: str) -> None:
+        """Stop every run now (this replica's term ended): calls in flight are aborted."""
+        with self._lock:
+            runs = list(self._runs.values())
+        for run in runs:
+            self._stop_run(run, list(run.sockets), reason)
 
     def stop(self) -> None:
         """Wait for the runs in progress to end."""
@@ -112,8 +131,8 @@ class Supervisor:
 
     # ------------------------------------------------------------------ a run
 
-    def _run(self, job_id: str, placed_by: trace.SpanContext | None = None) -> None:
-        job = self.store.get(job_id)
+    def _run(self, job_id: str, placed_by: trace.SpanContext | None, store: JobStore) -> None:
+        job = store.get(job_id)
         kind = self.kinds[job.spec.workload.kind]
         links = [trace.Link(placed_by)] if placed_by is not None and placed_by.is_valid else []
         span = self._tracer.start_span(
@@ -128,31 +147,37 @@ class Supervisor:
             },
         )
         with trace.use_span(span, end_on_exit=True):
-            self._run_job(job, kind)
+            self._run_job(job, kind, store)
 
-    def _run_job(self, job: Job, kind: JobKind) -> None:
+    def _run_job(self, job: Job, kind: JobKind, store: JobStore) -> None:
         job_id = job.id
         with self._lock:
             run = self._runs.get(job_id) or Run(job_id, job.sockets, self._clock())
         try:
             if job.state is not JobState.SCHEDULED:
                 return
-            this = JobRun(job, run, self.store, self.gateway, self._notify, self._is_cancelled)
+            this = JobRun(job, run, store, self.gateway, self._notify, self._is_cancelled)
             this.check()
             kind.execute(this)
         except (Cancelled, IllegalTransition):
             pass  # cancelled before or while running: the store already says so
+        except NotLeader as ended:  # a write of the run found its term over
+            log.warning("job %s: run stopped: %s", job_id, ended)
         except Exception as e:
             lost = self._lost(run)
-            if lost is not None:  # a socket or agent of the job died: not the job's fault
-                self._failed(job_id, lost, retry=True)
-            elif isinstance(e, LinkFailure | SocketBusy):
-                self._failed(job_id, str(e), retry=True)
-            elif isinstance(e, RdurackError):
-                self._failed(job_id, str(e), retry=False)
-            else:  # never leave a job hanging in RUNNING
-                log.exception("job %s failed", job_id)
-                self._failed(job_id, f"internal error: {type(e).__name__}: {e}", retry=False)
+            try:
+                if lost is not None:  # a socket or agent of the job died: not its fault
+                    self._failed(store, job_id, lost, retry=True)
+                elif isinstance(e, LinkFailure | SocketBusy):
+                    self._failed(store, job_id, str(e), retry=True)
+                elif isinstance(e, RdurackError):
+                    self._failed(store, job_id, str(e), retry=False)
+                else:  # never leave a job hanging in RUNNING
+                    log.exception("job %s failed", job_id)
+                    why = f"internal error: {type(e).__name__}: {e}"
+                    self._failed(store, job_id, why, retry=False)
+            except NotLeader as ended:  # the next leader recovers the job
+                log.warning("job %s: run stopped: %s", job_id, ended)
         finally:
             with self._lock:
                 self._runs.pop(job_id, None)
@@ -173,18 +198,18 @@ class Supervisor:
             return None
         return self.health.trouble_since(run.sockets, run.started)
 
-    def _failed(self, job_id: str, error: str, retry: bool) -> None:
+    def _failed(self, store: JobStore, job_id: str, error: str, retry: bool) -> None:
         trace.get_current_span().set_status(trace.StatusCode.ERROR, error)  # the job's span
-        job = self.store.get(job_id)
+        job = store.get(job_id)
         try:
             if retry and job.state in ACTIVE and job.attempts < self.max_attempts:
-                self.store.transition(
+                store.transition(
                     job_id, JobState.PENDING, sockets=(), reason=f"retrying after: {error}"
                 )
                 wait_s = self.retry_backoff_s * 2 ** max(0, job.attempts - 1)
                 self._not_before[job_id] = self._clock() + wait_s
             elif not job.state.terminal:
-                self.store.transition(job_id, JobState.FAILED, error=error)
+                store.transition(job_id, JobState.FAILED, error=error)
         except IllegalTransition:
             pass  # cancelled meanwhile
 

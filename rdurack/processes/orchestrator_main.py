@@ -29,14 +29,21 @@ processes/settings.py says); a value it cannot take is one line on stderr, exit 
     --tls-rack-identity RDURACK_TLS_RACK_IDENTITY  the rack members' certificate name
     --health-port RDURACK_HEALTH_PORT        plaintext grpc.health.v1 only, for
                                              Kubernetes probes (default: off)
+    --replica     RDURACK_REPLICA            this replica's name among orchestrators
+                                             sharing one store, unique among them
+                                             (default HOST:PORT, its address)
+    --lease-ttl   RDURACK_LEASE_TTL          seconds a silent leader keeps the lease
+                                             before another replica takes over (default 5)
 
-It prints one line saying whether it serves TLS and requires tokens, and one line
+It prints one line saying whether it serves TLS and requires tokens, one saying whether
+it leads or follows (docs/control-plane.md, "Replicas"), and one line
 `orchestrator ready at <host:port>` once it serves.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Literal
@@ -50,6 +57,7 @@ from rdurack.api.node_gateway import GrpcNodeGateway
 from rdurack.api.server import security_notice
 from rdurack.errors import RdurackError
 from rdurack.orchestrator.fault_injector import FaultInjector
+from rdurack.orchestrator.leadership import LEASE_TTL_S
 from rdurack.orchestrator.orchestrator import Orchestrator
 from rdurack.orchestrator.store import JobStore
 from rdurack.processes.settings import TlsSettings, env, load
@@ -89,6 +97,14 @@ class OrchestratorSettings(TlsSettings):
     metrics_port: int | None = Field(None, ge=0, le=65535)
     tokens: Path | None = None
     health_port: int | None = Field(None, ge=0, le=65535)
+    replica: str = ""  # empty: `replica_name`
+    lease_ttl: float = Field(LEASE_TTL_S, gt=0)
+
+    @property
+    def replica_name(self) -> str:
+        """The replica's name: --replica, else its address; with port 0 (a free one,
+        not known yet) its process id stands in for the port."""
+        return self.replica or f"{self.host}:{self.port or f'pid{os.getpid()}'}"
 
     @property
     def agent_addresses(self) -> list[str]:
@@ -124,6 +140,8 @@ def main(argv: list[str] | None = None) -> int:
         recovery=args.recovery,
         checkpoint_dir=checkpoints.resolve(),
         quotas=auth.quotas(),
+        replica=args.replica_name,
+        lease_ttl_s=args.lease_ttl,
     )
     recovered = orchestrator.start()
     try:
@@ -143,6 +161,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if recovered:
         print(f"orchestrator recovered {len(recovered)} jobs", flush=True)
+    role = "leads" if orchestrator.leading else f"follows {orchestrator.elector.leader}"
+    print(f"orchestrator {args.replica_name} {role}", flush=True)
     metrics = None
     if args.metrics_port is not None:
         metrics = rack_metrics.serve(orchestrator, args.host, args.metrics_port)

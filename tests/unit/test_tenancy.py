@@ -67,9 +67,12 @@ def test_a_version_1_store_is_migrated_with_its_jobs_and_events(tmp_path: Path) 
         assert [j.id for j in store.list(tenant="alice")] == ["new1"]
         assert [j.id for j in store.list(tenant="")] == ["old1"]
     raw = sqlite3.connect(path)
-    assert raw.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
+    # 1 -> 2 gave jobs a tenant; 2 -> 3 added the leader's lease table.
+    assert raw.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
     indexes = {r[0] for r in raw.execute("SELECT name FROM sqlite_master WHERE type='index'")}
     assert {"jobs_by_state", "jobs_by_tenant"} <= indexes
+    tables = {r[0] for r in raw.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    assert "leases" in tables
     raw.close()
     with JobStore(path) as store:  # a second open migrates nothing more
         assert [j.id for j in store.list()] == ["old1", "new1"]

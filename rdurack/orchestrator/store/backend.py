@@ -38,12 +38,7 @@ class Db(Protocol):
 
 
 class Backend(Protocol):
-    """A database holding the store's tables (schema.py), opened and at SCHEMA_VERSION.
-
-    A lease for leader election (docs/control-plane.md, "Two stores") would be added
-    here: its table in the schema, and `write` checking the holder's epoch in the same
-    transaction as the write it fences.
-    """
+    """A database holding the store's tables (schema.py), opened and at SCHEMA_VERSION."""
 
     # Where the store is, for messages: a file path, or a URL without its password.
     location: str
@@ -53,6 +48,13 @@ class Backend(Protocol):
     lock_rows: str
     # A statement whose one column `seq` is the next submission number.
     next_seq: str
+    # An expression for the database's clock, in seconds since the epoch: leases expire
+    # on it, so that replicas on hosts whose clocks differ agree on when.
+    clock_s: str
+    # Appended to a fenced write's SELECT of the lease row: where writers run
+    # concurrently it keeps the lease from changing hands until the write commits
+    # (PostgreSQL: FOR SHARE; SQLite serializes every write anyway).
+    share_rows: str
 
     def write(self) -> AbstractContextManager[Db]:
         """One atomic write: everything the block executes is committed, and durable,

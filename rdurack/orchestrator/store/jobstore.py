@@ -9,22 +9,30 @@ This is the store's one logic, and its SQL, for both databases; what differs bet
 them (connections, commits, concurrent writers, the schema's opening) is a Backend
 (backend.py): sqlite.py, the default, a file on this host; postgres.py, a server that
 several orchestrator replicas share. `JobStore(where)` picks one by `where`.
+
+The leader's lease is kept here too (lease.py): `claim_lease`, `release_lease`. A
+leader writes through `fenced(term, ...)`, a view of the store whose every write first
+checks, in its own transaction, that the lease still carries the leader's term, and
+records the term in the state events it writes.
 """
 
 from __future__ import annotations
 
 import builtins
+import copy
 import json
 import time
-from collections.abc import Collection, Iterator
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Collection, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from rdurack.errors import InvalidRequest, RdurackError, UnknownName
+from rdurack.errors import InvalidRequest, NotLeader, RdurackError, UnknownName
 from rdurack.orchestrator.jobs import Job, JobSpec, JobState
+from rdurack.orchestrator.store import lease as leases
 from rdurack.orchestrator.store.backend import Backend, Db
+from rdurack.orchestrator.store.lease import Lease, Term
 from rdurack.orchestrator.store.schema import JOB_COLUMNS, JobRows, insert_job, result_json
 from rdurack.orchestrator.store.sqlite import SqliteBackend
 
@@ -76,16 +84,39 @@ class JobStore:
         self._backend = open_backend(where)
         self.location = self._backend.location
         self._rows = JobRows()
+        # Set on a fenced view only (`fenced`): the term its writes belong to, and
+        # whether its replica still leads in it by its own clock.
+        self._term: Term | None = None
+        self._leading: Callable[[Term], bool] = lambda term: True
+
+    def fenced(self, term: Term, leading: Callable[[Term], bool]) -> JobStore:
+        """This store as a leader's `term` writes to it: each write first checks that
+        `leading(term)` (the replica's own clock says its term has not lapsed) and then,
+        in the write's transaction, that the lease still carries `term`; else it raises
+        NotLeader and writes nothing. State events it writes record the term's epoch.
+        The view shares this store's database: closing this store closes it."""
+        view = copy.copy(self)
+        view._term, view._leading = term, leading
+        return view
 
     # ------------------------------------------------------------------ plumbing
 
-    def _write(self) -> AbstractContextManager[Db]:
-        """One atomic write, durable when the block exits."""
-        return self._backend.write()
+    @contextmanager
+    def _write(self) -> Iterator[Db]:
+        """One atomic write, durable when the block exits; fenced on a fenced view."""
+        term = self._term
+        if term is not None and not self._leading(term):
+            raise NotLeader(f"replica {term.holder}: its term {term.epoch} as leader has lapsed")
+        with self._backend.write() as db:
+            if term is not None:
+                leases.check(db, self._backend, term)
+            yield db
 
-    def _read(self) -> AbstractContextManager[Db]:
+    @contextmanager
+    def _read(self) -> Iterator[Db]:
         """Committed data only."""
-        return self._backend.read()
+        with self._backend.read() as db:
+            yield db
 
     def _load(self, db: Db, job_id: str, lock: str = "") -> Job:
         row = db.execute(f"SELECT {JOB_COLUMNS} FROM jobs WHERE id = ?{lock}", (job_id,)).fetchone()
@@ -113,8 +144,7 @@ class JobStore:
         )
         return seq
 
-    @staticmethod
-    def _move(db: Db, job: Job, state: JobState, reason: str = "", **changes: Any) -> Job:
+    def _move(self, db: Db, job: Job, state: JobState, reason: str = "", **changes: Any) -> Job:
         """Write `job` moved to `state` and its state event; inside a write transaction."""
         new = job.moved(state, **changes)  # raises IllegalTransition
         # Encode before writing anything, so a result that is not JSON changes nothing.
@@ -151,7 +181,9 @@ class JobStore:
             payload["error"] = new.error
         if reason:
             payload["reason"] = reason
-        JobStore._append_event(db, job.id, "state", json.dumps(payload), new.updated_s)
+        if self._term is not None:
+            payload["term"] = self._term.epoch  # which leader's term wrote it
+        self._append_event(db, job.id, "state", json.dumps(payload), new.updated_s)
         return new
 
     # ------------------------------------------------------------------ API
@@ -310,6 +342,35 @@ class JobStore:
         return [
             Event(job_id, r["seq"], r["kind"], json.loads(r["payload"]), r["time_s"]) for r in rows
         ]
+
+    def cancelled(self, job_ids: Collection[str]) -> set[str]:
+        """Which of `job_ids` are CANCELLED (by any replica)."""
+        ids = tuple(job_ids)
+        if not ids:
+            return set()
+        with self._read() as db:
+            rows = db.execute(
+                f"SELECT id FROM jobs WHERE state = ? AND id IN ({', '.join('?' * len(ids))})",
+                (JobState.CANCELLED.value, *ids),
+            ).fetchall()
+        return {r["id"] for r in rows}
+
+    # ------------------------------------------------------------------ the lease
+
+    def claim_lease(self, holder: str, ttl_s: float, term: Term | None = None) -> Lease:
+        """Renew `term`, or start a term of `holder` if the lease is free (lease.py);
+        the lease as it is afterwards, whoever holds it."""
+        with self._backend.write() as db:
+            return leases.claim(db, self._backend, holder, ttl_s, term)
+
+    def release_lease(self, term: Term) -> None:
+        """End `term` now if the lease still carries it."""
+        with self._backend.write() as db:
+            leases.release(db, self._backend, term)
+
+    def lease(self) -> Lease:
+        with self._backend.read() as db:
+            return leases.read(db, self._backend)
 
     def recover(
         self, policy: Literal["retry", "fail"] = "retry", max_attempts: int = 3

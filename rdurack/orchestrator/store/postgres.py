@@ -50,6 +50,9 @@ class PostgresBackend:
 
     lock_rows = " FOR UPDATE"
     next_seq = "SELECT nextval('jobs_seq') AS seq"
+    # The server's clock, read anew (now() would be the transaction's start).
+    clock_s = "EXTRACT(EPOCH FROM clock_timestamp())::DOUBLE PRECISION"
+    share_rows = " FOR SHARE"
 
     def __init__(self, url: str) -> None:
         self.location = redacted(url)
@@ -117,8 +120,8 @@ class PostgresBackend:
             for statement in SCHEMA_STATEMENTS:
                 conn.execute(statement)
             conn.execute("CREATE SEQUENCE IF NOT EXISTS jobs_seq OWNED BY jobs.seq")
-            # PostgreSQL stores began at version 2: no migration yet. A later version's
-            # step goes here, before the version is written.
+            # PostgreSQL stores began at version 2; version 3 only added a table, made
+            # above. A later version's step goes here, before the version is written.
             if row is None:
                 conn.execute("INSERT INTO rdurack_schema VALUES (%s)", (SCHEMA_VERSION,))
             elif found < SCHEMA_VERSION:

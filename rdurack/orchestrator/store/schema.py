@@ -19,7 +19,9 @@ from rdurack.orchestrator.store.backend import Db, Row
 
 # Bumped whenever the schema changes; SQLite keeps it in the file's `PRAGMA
 # user_version`, PostgreSQL in the table `rdurack_schema`.
-SCHEMA_VERSION = 2  # 2: jobs have a tenant (migrated from 1 on open)
+# 2: jobs have a tenant (migrated from 1 on open); 3: the leader's lease (a new table,
+# made on open).
+SCHEMA_VERSION = 3
 
 # The jobs table, by name: the schema creates it as `jobs`, a migration as a new table
 # it then renames (SQLite cannot change a table's constraints in place). 64-bit
@@ -61,6 +63,16 @@ CREATE TABLE IF NOT EXISTS events (
     payload TEXT NOT NULL,                      -- JSON object
     time_s  DOUBLE PRECISION NOT NULL,
     PRIMARY KEY (job_id, seq)
+);
+-- The leader's lease (orchestrator/leadership.py), one row per lease name. `epoch`
+-- grows by one with each new holder's term and fences its writes. `expires_s` is on
+-- the database's clock, so replicas' clocks need not agree. (No semicolons in these
+-- comments: the statements are split at them.)
+CREATE TABLE IF NOT EXISTS leases (
+    name      TEXT PRIMARY KEY,
+    holder    TEXT NOT NULL,
+    epoch     BIGINT NOT NULL,
+    expires_s DOUBLE PRECISION NOT NULL
 )
 """
 )

@@ -36,6 +36,9 @@ class SqliteBackend:
     lock_rows = ""  # BEGIN IMMEDIATE: one writer at a time, in every process
     # Jobs are never deleted, so MAX + 1 only grows; the write lock makes it unique.
     next_seq = "SELECT COALESCE(MAX(seq), 0) + 1 AS seq FROM jobs"
+    # A file has one host, so one clock: julianday's, in days since 4714 BC, to seconds.
+    clock_s = "((julianday('now') - 2440587.5) * 86400.0)"
+    share_rows = ""
 
     def __init__(self, path: str | Path) -> None:
         self.location = str(path)
