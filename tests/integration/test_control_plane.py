@@ -8,45 +8,32 @@ are shared with the other integration tests, so no socket may stay reserved.
 
 from __future__ import annotations
 
-import os
-import random
 import re
-import signal
-import subprocess
-import sys
 import threading
 import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
-from google.protobuf.message import Message
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from rdurack.api.job_service import JOB_SERVICE, RACK_SERVICE
-from rdurack.api.server import channel
-from rdurack.orchestrator.store import JobStore
 from rdurack.rack.presets import platform
-from rdurack.v1 import common_pb2, job_pb2, job_pb2_grpc, rack_pb2
+from rdurack.v1 import common_pb2, job_pb2, rack_pb2
 from tests.support.agents import ServedAgent
 from tests.support.control import (
     CANCELLED,
     FAILED,
-    IMPROPER,
     PENDING,
     PLATFORM,
     RUNNING,
     SCHEDULED,
     SUCCEEDED,
-    TERMINAL,
     Control,
-    drain,
     event_time,
     held_sockets,
     kernel,
@@ -54,14 +41,12 @@ from tests.support.control import (
     list_all,
     nodes_of,
     prefill,
-    release_held,
     rpc_error,
     state_changes,
     submit,
     wait_terminal,
     watch,
 )
-from tests.support.ports import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -444,281 +429,3 @@ def test_orchestrator_serves_health_and_reflection(control: Control) -> None:
     assert "grpc.health.v1.Health" in names
     files = replies[1].file_descriptor_response.file_descriptor_proto
     assert files and any(b"JobService" in f for f in files)
-
-
-# ------------------------------------------------------------------ fuzzing
-
-
-@dataclass(frozen=True)
-class Rpc:
-    path: str
-    streaming: bool
-    response: type[Message]
-    valid: Message
-
-
-def _rpcs(job_id: str) -> list[Rpc]:
-    job = "/rdurack.v1.JobService/"
-    rack = "/rdurack.v1.RackService/"
-    return [
-        Rpc(
-            job + "SubmitJob",
-            False,
-            job_pb2.SubmitJobResponse,
-            job_pb2.SubmitJobRequest(spec=prefill(1, name="fuzz")),
-        ),
-        Rpc(job + "GetJob", False, job_pb2.GetJobResponse, job_pb2.GetJobRequest(job_id=job_id)),
-        Rpc(
-            job + "ListJobs",
-            False,
-            job_pb2.ListJobsResponse,
-            job_pb2.ListJobsRequest(states=[SUCCEEDED, PENDING], page_size=3, page_token="3"),
-        ),
-        Rpc(
-            job + "CancelJob",
-            False,
-            job_pb2.CancelJobResponse,
-            job_pb2.CancelJobRequest(job_id=job_id, reason="fuzz"),
-        ),
-        Rpc(
-            job + "WatchJob",
-            True,
-            job_pb2.JobEvent,
-            job_pb2.WatchJobRequest(job_id=job_id, after_sequence=2),
-        ),
-        Rpc(rack + "GetRack", False, rack_pb2.GetRackResponse, rack_pb2.GetRackRequest()),
-        Rpc(rack + "ListNodes", False, rack_pb2.ListNodesResponse, rack_pb2.ListNodesRequest()),
-    ]
-
-
-def fuzz_inputs(valid: bytes, rng: random.Random, randoms: int = 200) -> list[bytes]:
-    """Random byte strings, every truncation of the valid message, and bit flips of it."""
-    inputs = [
-        rng.randbytes(rng.choice([rng.randint(0, 16), rng.randint(0, 300)])) for _ in range(randoms)
-    ]
-    inputs += [valid[:n] for n in range(len(valid))]
-    for _ in range(60 if valid else 0):
-        flipped = bytearray(valid)
-        for _ in range(rng.randint(1, 3)):
-            at = rng.randrange(len(flipped))
-            flipped[at] ^= 1 << rng.randrange(8)
-        inputs.append(bytes(flipped))
-    return inputs
-
-
-def _answer(ch: grpc.Channel, rpc: Rpc, data: bytes) -> str | None:
-    """None if the server answered properly; else what was wrong."""
-    try:
-        if rpc.streaming:
-            call: grpc.UnaryStreamMultiCallable[bytes, bytes] = ch.unary_stream(
-                rpc.path, request_serializer=None, response_deserializer=None
-            )
-            stream = call(data, timeout=3)
-            try:
-                for n, raw in enumerate(stream):
-                    rpc.response.FromString(raw)  # a valid message, or DecodeError
-                    if n >= 2:
-                        break
-            finally:
-                stream.cancel()
-        else:
-            unary: grpc.UnaryUnaryMultiCallable[bytes, bytes] = ch.unary_unary(
-                rpc.path, request_serializer=None, response_deserializer=None
-            )
-            rpc.response.FromString(unary(data, timeout=30))
-    except grpc.RpcError as e:
-        if e.code() in IMPROPER:
-            return f"{e.code().name}: {e.details()}"
-        return None
-    except Exception as e:
-        return f"bad response: {type(e).__name__}: {e}"
-    return None
-
-
-def test_fuzzed_requests_get_proper_statuses_and_the_server_keeps_serving(
-    control: Control,
-) -> None:
-    stub = control.jobs
-    known = submit(stub, prefill(1, name="fuzz-target")).id
-    assert wait_terminal(stub, [known])[known].state == SUCCEEDED
-    rng = random.Random(20240604)
-    # path -> improper answer -> (how many inputs got it, the first such input)
-    failures: dict[str, dict[str, tuple[int, bytes]]] = {}
-    sent = 0
-    with ThreadPoolExecutor(max_workers=8) as pool:
-        for rpc in _rpcs(known):
-            inputs = fuzz_inputs(rpc.valid.SerializeToString(), rng)
-            sent += len(inputs)
-            answers = pool.map(lambda d, r=rpc: (d, _answer(control.channel, r, d)), inputs)
-            for data, problem in answers:
-                if problem is not None:
-                    seen = failures.setdefault(rpc.path, {})
-                    count, example = seen.get(problem, (0, data))
-                    seen[problem] = (count + 1, example)
-    assert sent > 7 * 200
-
-    # Still serving: health, a valid job end to end, and nothing left running.
-    checker: Any = health_pb2_grpc.HealthStub(control.channel)
-    reply = checker.Check(health_pb2.HealthCheckRequest(service=JOB_SERVICE), timeout=10)
-    assert reply.status == health_pb2.HealthCheckResponse.SERVING
-    after = submit(stub, prefill(2, name="after-fuzz")).id
-    assert wait_terminal(stub, [after])[after].state == SUCCEEDED
-    drain(stub, timeout_s=60)  # jobs some mutated SubmitJob created have all finished
-    assert stub.GetJob(job_pb2.GetJobRequest(job_id=known), timeout=30).job.state == SUCCEEDED
-
-    summary = "\n".join(
-        f"{path}: {count} x {problem} (e.g. input {example[:32].hex() or 'empty'})"
-        for path, problems in failures.items()
-        for problem, (count, example) in problems.items()
-    )
-    assert not failures, f"improper answers out of {sent} requests:\n{summary}"
-
-
-# ------------------------------------------------------------------ kill and restart
-
-
-class Process:
-    """`python -m rdurack.processes.orchestrator_main` with its output in files."""
-
-    def __init__(
-        self, state_dir: Path, agents: list[str], log_dir: Path, name: str, store: str = ""
-    ) -> None:
-        self.out = log_dir / f"{name}.out"
-        self.err = log_dir / f"{name}.err"
-        with self.out.open("w") as out, self.err.open("w") as err:
-            self.proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "rdurack.processes.orchestrator_main",
-                    "--port",
-                    str(free_port()),
-                    "--host",
-                    "127.0.0.1",
-                    "--state-dir",
-                    str(state_dir),
-                    "--agents",
-                    ",".join(agents),
-                    "--platform",
-                    PLATFORM,
-                    *(["--store", store] if store else []),
-                ],
-                stdout=out,
-                stderr=err,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
-            )
-
-    def ready(self, timeout_s: float = 60.0) -> str:
-        """The address from the `orchestrator ready at HOST:PORT` line."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            for line in self.out.read_text().splitlines():
-                if line.startswith("orchestrator ready at "):
-                    return line.rsplit(" ", 1)[1].strip()
-            if self.proc.poll() is not None:
-                break
-            time.sleep(0.05)
-        raise AssertionError(
-            f"orchestrator not ready (exit {self.proc.poll()}): {self.err.read_text()[-2000:]}"
-        )
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(timeout=30)
-
-
-def restart_specs() -> list[job_pb2.JobSpec]:
-    """20 small jobs: 1- and 2-socket prefills, every fifth a long decode."""
-    specs = []
-    for i in range(20):
-        if i % 5 == 4:
-            specs.append(
-                kernel(sockets=2, tokens=4096, sequence_length=128, name=f"restart-{i}-decode")
-            )
-        else:
-            specs.append(prefill(1 + i % 2, name=f"restart-{i}"))
-    return specs
-
-
-def test_killed_orchestrator_restarts_and_finishes_every_job(
-    rack: list[ServedAgent], tmp_path: Path, store_location: str
-) -> None:
-    """On both stores: SQLite, the default in the state dir (store_location is that
-    file), and PostgreSQL, which --store names."""
-    agents = [a.server.address for a in rack]
-    state = tmp_path / "state"
-    store = store_location if store_location.startswith("postgresql://") else ""
-    started: list[Process] = []
-    ids: list[str] = []
-    try:
-        first = Process(state, agents, tmp_path, "first", store)
-        started.append(first)
-        with channel(first.ready()) as ch:
-            stub = job_pb2_grpc.JobServiceStub(ch)
-            specs = restart_specs()
-            ids += [submit(stub, s).id for s in specs[:6]]
-            deadline = time.monotonic() + 60
-            while sum(j.state in TERMINAL for j in list_all(stub) if j.id in ids) < 3:
-                assert time.monotonic() < deadline, "the first jobs did not finish"
-                time.sleep(0.02)
-            ids += [submit(stub, s).id for s in specs[6:]]  # each acknowledged = stored
-        first.proc.send_signal(signal.SIGKILL)
-        first.proc.wait(timeout=30)
-        assert len(set(ids)) == 20
-
-        # What the killed orchestrator left in its store: some finished, some not.
-        with JobStore(store_location) as left:
-            at_kill = {j.id: j.state.value for j in left.list()}
-        assert sorted(at_kill) == sorted(ids)
-        finished = [i for i, s in at_kill.items() if s in ("SUCCEEDED", "FAILED", "CANCELLED")]
-        assert len(finished) >= 3, at_kill
-        assert len(finished) < 20, "every job finished before the kill: nothing to recover"
-        was_running = [i for i, s in at_kill.items() if s == "RUNNING"]
-
-        second = Process(state, agents, tmp_path, "second", store)
-        started.append(second)
-        with channel(second.ready()) as ch:
-            stub = job_pb2_grpc.JobServiceStub(ch)
-            listed = list_all(stub)
-            assert sorted(j.id for j in listed) == sorted(ids), "a job was lost or invented"
-            for j in listed:
-                if at_kill[j.id] in ("SUCCEEDED", "FAILED", "CANCELLED"):
-                    assert common_pb2.JobState.Name(j.state) == f"JOB_STATE_{at_kill[j.id]}"
-            jobs = wait_terminal(stub, ids, timeout_s=120)
-            failed = {
-                i: (j.state, j.error_message) for i, j in jobs.items() if j.state != SUCCEEDED
-            }
-            assert not failed, failed
-            for i in ids:
-                assert jobs[i].result.kernel.emulated_s > 0
-                assert jobs[i].emulated_end_ns > jobs[i].emulated_start_ns
-            for i in was_running:  # their lost run was retried, and the history says so
-                reasons = [c.reason for c in state_changes(watch(stub, i))]
-                assert any("restarted" in r for r in reasons), reasons
-
-            # No socket is left reserved for any of these jobs, restart or not...
-            deadline = time.monotonic() + 10
-            while (held := {s: j for s, j in held_sockets(rack).items() if j in ids}) and (
-                time.monotonic() < deadline
-            ):
-                time.sleep(0.1)
-            # ...so the whole rack is usable again: a 16-socket job runs.
-            wide = submit(stub, kernel(sockets=16, tokens=20, name="after-restart")).id
-            ids.append(wide)
-            try:
-                ran = wait_terminal(stub, [wide], timeout_s=20)[wide]
-            except AssertionError:
-                stub.CancelJob(job_pb2.CancelJobRequest(job_id=wide), timeout=30)
-                raise AssertionError(
-                    "a 16-socket job cannot start after the restart; sockets still reserved "
-                    f"on the agents for finished jobs: {held}"
-                ) from None
-            assert ran.state == SUCCEEDED, ran.error_message
-            assert not held, f"sockets left reserved after every job finished: {held}"
-        second.proc.send_signal(signal.SIGTERM)
-        assert second.proc.wait(timeout=30) == 0, second.err.read_text()[-2000:]
-    finally:
-        for p in started:
-            p.stop()
-        release_held(rack, ids)
