@@ -16,9 +16,10 @@ import grpc
 
 from rdurack.api.admin_service import SERVICE as ADMIN_SERVICE
 from rdurack.api.admin_service import AdminService
+from rdurack.api.forward import Forwarder
 from rdurack.api.server import Server
 from rdurack.api.status import rpc, rpc_stream
-from rdurack.errors import InvalidRequest
+from rdurack.errors import InvalidRequest, NotLeader
 from rdurack.orchestrator.fault_injector import FaultInjector
 from rdurack.orchestrator.orchestrator import Orchestrator
 from rdurack.security.auth import Authenticator
@@ -62,9 +63,18 @@ JOB_MAX_REQUEST_BYTES = 4 << 20
 
 
 class JobService(job_pb2_grpc.JobServiceServicer):
-    def __init__(self, orchestrator: Orchestrator, auth: Authenticator | None = None) -> None:
+    """`tls`: the server's own files; a follower forwards an endpoint's passes to the
+    leader over an in-rack channel made of them (api/forward.py)."""
+
+    def __init__(
+        self,
+        orchestrator: Orchestrator,
+        auth: Authenticator | None = None,
+        tls: TlsConfig | None = None,
+    ) -> None:
         self.o = orchestrator
         self.auth = auth or Authenticator.open()
+        self.forwarder = Forwarder(tls)
 
     def add_to(self, server: grpc.Server) -> None:
         job_pb2_grpc.add_JobServiceServicer_to_server(self, server)
@@ -131,14 +141,17 @@ class JobService(job_pb2_grpc.JobServiceServicer):
     ) -> job_pb2.RunPassesResponse:
         scope = self.auth.principal(context).scope
         passes = passes_from_proto(request.passes)
-        durations, start_ns = self.o.run_passes(
-            _job_id(request.job_id),
-            request.offset_ns,
-            passes,
-            request.kv_tokens,
-            scope,
-            served_from_proto(request.served, len(passes)),
-        )
+        try:
+            durations, start_ns = self.o.run_passes(
+                _job_id(request.job_id),
+                request.offset_ns,
+                passes,
+                request.kv_tokens,
+                scope,
+                served_from_proto(request.served, len(passes)),
+            )
+        except NotLeader as refused:  # the leader runs the job: ask it
+            return self.forwarder.run_passes(refused, request, context)
         return job_pb2.RunPassesResponse(duration_ns=durations, job_start_ns=start_ns)
 
     @rpc_stream
@@ -206,7 +219,7 @@ def serve_api(
     `faults`, AdminService too (admins only)."""
     auth = auth or Authenticator.open()
     services = [
-        (JOB_SERVICE, JobService(orchestrator, auth).add_to),
+        (JOB_SERVICE, JobService(orchestrator, auth, tls).add_to),
         (RACK_SERVICE, RackService(orchestrator, auth).add_to),
     ]
     if faults is not None:
