@@ -183,8 +183,16 @@ class RackService(rack_pb2_grpc.RackServiceServicer):
     ) -> rack_pb2.GetRackResponse:
         scope = self.auth.principal(context).scope
         nodes = [jc.node_to_proto(n) for n in self.o.rack(scope)]
+        lease = self.o.store.lease()
+        control = rack_pb2.ControlPlane(
+            replica=self.o.elector.holder,
+            leader=lease.holder if lease.live else "",
+            term=lease.epoch if lease.live else 0,
+        )
         return rack_pb2.GetRackResponse(
-            rack=rack_pb2.RackStatus(platform=self.o.platform.name, nodes=nodes)
+            rack=rack_pb2.RackStatus(
+                platform=self.o.platform.name, nodes=nodes, control_plane=control
+            )
         )
 
     @rpc

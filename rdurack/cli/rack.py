@@ -103,7 +103,11 @@ def status_cmd(*, to: Target, as_json: JsonOpt = False) -> None:
     if as_json:
         print(json.dumps(data))
         return
-    table = Table(title=f"{data['platform']} at {to.address}")
+    control = data["control_plane"]
+    leads = "no leader"
+    if control["leader"]:
+        leads = f"leader {control['leader']}, term {control['term']}"
+    table = Table(title=f"{data['platform']} at {to.address} ({leads})")
     for col in ("node", "socket", "health", "job", "clock", "HBM used/peak/cap."):
         table.add_column(col, no_wrap=col in ("socket", "health"))
     table.add_column("DDR used")

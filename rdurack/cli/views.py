@@ -342,6 +342,11 @@ def rack_dict(rack: rack_pb2.RackStatus) -> dict[str, Any]:
             for n in rack.nodes
         ],
         "sockets": sockets,
+        "control_plane": {
+            "replica": rack.control_plane.replica,
+            "leader": rack.control_plane.leader or None,
+            "term": rack.control_plane.term or None,
+        },
     }
 
 

@@ -69,6 +69,9 @@ def test_up_submit_watch_cancel_down(tmp_path: Path) -> None:
         rack = _json(rdu("status", "--json", *address))
         assert [s["id"] for s in rack["sockets"]] == ["rdu-n0-s0", "rdu-n0-s1"]
         assert {s["health"] for s in rack["sockets"]} == {"HEALTHY"}
+        # One orchestrator: it leads, named by its address, in the store's first term.
+        replica = f"127.0.0.1:{port}"
+        assert rack["control_plane"] == {"replica": replica, "leader": replica, "term": 1}
 
         job = _json(
             rdu(

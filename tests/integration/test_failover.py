@@ -14,7 +14,7 @@ import pytest
 from rdurack.api.server import channel
 from rdurack.orchestrator.leadership import LEASE_TTL_S, RENEWALS_PER_TTL
 from rdurack.orchestrator.store import JobStore
-from rdurack.v1 import common_pb2, job_pb2, job_pb2_grpc
+from rdurack.v1 import common_pb2, job_pb2, job_pb2_grpc, rack_pb2, rack_pb2_grpc
 from tests.support.agents import ServedAgent
 from tests.support.control import (
     SUCCEEDED,
@@ -168,6 +168,10 @@ def test_the_leader_killed_mid_run_is_taken_over_and_nothing_is_lost_or_run_twic
             }
             assert not failed, failed  # 0 lost: every acknowledged job finished, on b
             assert store.lease().holder == "b" and store.lease().epoch == 2
+            # What a client sees: b answers that it leads, in the second term.
+            seen = rack_pb2_grpc.RackServiceStub(cb).GetRack(rack_pb2.GetRackRequest(), timeout=30)
+            control = seen.rack.control_plane
+            assert (control.replica, control.leader, control.term) == ("b", "b", 2)
 
             # b's term began when it first wrote: its recovery, or its first placement.
             histories = {i: [e for e in store.events(i) if e.kind == "state"] for i in ids}
