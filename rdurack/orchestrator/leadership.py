@@ -76,6 +76,12 @@ class Elector:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
+    @property
+    def takeover_bound_s(self) -> float:
+        """How long after a leader's death a follower leads at most (module docstring):
+        its lease's TTL, plus one claim interval."""
+        return self.ttl_s + self.claim_every_s
+
     def term(self) -> Term | None:
         """This replica's term, while it leads by its own clock; else None."""
         with self._lock:

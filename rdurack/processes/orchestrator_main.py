@@ -161,8 +161,15 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if recovered:
         print(f"orchestrator recovered {len(recovered)} jobs", flush=True)
-    role = "leads" if orchestrator.leading else f"follows {orchestrator.elector.leader}"
-    print(f"orchestrator {args.replica_name} {role}", flush=True)
+    if orchestrator.leading:
+        print(f"orchestrator {args.replica_name} leads", flush=True)
+    else:  # another replica, or this one's predecessor under another name, holds it
+        leader = orchestrator.elector.leader
+        print(
+            f"orchestrator {args.replica_name} follows {leader}: it takes over once {leader} "
+            f"stops renewing the lease (within {orchestrator.elector.takeover_bound_s:g} s)",
+            flush=True,
+        )
     metrics = None
     if args.metrics_port is not None:
         metrics = rack_metrics.serve(orchestrator, args.host, args.metrics_port)

@@ -33,7 +33,7 @@ from tests.support.orchestrators import Process, restart_specs
 pytestmark = pytest.mark.integration
 
 # docs/control-plane.md: a dead leader's lease expires at most a TTL after its last
-# renewal and a follower claims it within one claim interval.
+# renewal and a follower claims it within one claim interval (Elector.takeover_bound_s).
 TAKEOVER_BOUND_S = LEASE_TTL_S * (1 + 1 / RENEWALS_PER_TTL)
 # What a loaded machine may add: the follower's claiming thread waits for a core.
 LOAD_SLACK_S = 4.0
