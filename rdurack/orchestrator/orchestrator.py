@@ -113,8 +113,8 @@ class Orchestrator:
         doubled with each attempt it has made (so a fault that lasts a while does not
         use up its attempts at once).
         `tracer_provider`: where its spans go (default: the process's global one).
-        `clock`: monotonic seconds for backoffs, health deadlines and the leader's term
-        (a test's own clock lets it say how much time passed between the rounds it runs).
+        `clock`: monotonic seconds for backoffs and health deadlines (a test's own clock
+        lets it say how much time passed between the rounds it runs).
         `replica`: this orchestrator's name among the replicas sharing the store (its
         address); `lease_ttl_s`: how long a silent leader keeps the lease."""
         self.store = store
@@ -260,6 +260,10 @@ class Orchestrator:
                 )
             if term is None:
                 return []
+            # A new term of this replica right after its last one lapsed: the old runs
+            # must release their sockets before recovery places their jobs again.
+            if not self._supervisor.wait_idle(self.elector.ttl_s):
+                log.warning("runs of an ended term still in progress; recovering anyway")
             store = self.store.fenced(term, self.elector.holds)
             self._supervisor.store = self._rounds.store = store
             recovered = store.recover(self.recovery, self._supervisor.max_attempts)

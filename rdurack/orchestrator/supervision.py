@@ -86,6 +86,7 @@ class Supervisor:
         self._kick = kick
         self._runs: dict[str, Run] = {}
         self._lock = threading.Lock()  # guards _runs
+        self._idle = threading.Condition(self._lock)  # notified as each run ends
         self._not_before: dict[str, float] = {}  # job -> clock s it may be placed again
         self._cancelled: set[str] = set()
         workers = len(topology.sockets)  # a socket serves one job at a time
@@ -124,6 +125,12 @@ class Supervisor:
             runs = list(self._runs.values())
         for run in runs:
             self._stop_run(run, list(run.sockets), reason)
+
+    def wait_idle(self, timeout_s: float) -> bool:
+        """Wait until no run is in progress (each released its sockets); False if some
+        still are after `timeout_s`."""
+        with self._idle:
+            return self._idle.wait_for(lambda: not self._runs, timeout_s)
 
     def stop(self) -> None:
         """Wait for the runs in progress to end."""
@@ -179,10 +186,12 @@ class Supervisor:
             except NotLeader as ended:  # the next leader recovers the job
                 log.warning("job %s: run stopped: %s", job_id, ended)
         finally:
-            with self._lock:
-                self._runs.pop(job_id, None)
             for node, ids in by_node(job.sockets).items():
                 release(self.gateway, node, job_id, ids)
+            with self._idle:  # over once its sockets are released (`wait_idle`)
+                if self._runs.get(job_id) is run:  # not a later placement of the job
+                    del self._runs[job_id]
+                self._idle.notify_all()
             self._notify(job_id)
             self._kick()
 
