@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -42,6 +43,12 @@ from rdurack.workloads.serving.stream.scheduler import Scheduler
 HOLD_TIMEOUT_S = 60.0
 # A patient hold asks the orchestrator again this long after it did not answer, wall s.
 HOLD_RETRY_S = 0.5
+# A hold watches its job for this long at a time (a deadline on the WatchJob stream),
+# then asks GetJob; the stream is cancelled from this side WATCH_GRACE_S later should
+# it outlive its deadline (seen once in a full test run: a stream whose in-process
+# server had stopped waited minutes past it).
+WATCH_S = 1.0
+WATCH_GRACE_S = 2.0
 # A job not running after this long is waiting for its sockets: worth a line, wall s.
 SAY_AFTER_S = 1.0
 # A pass's call, wall s: a pass is milliseconds to seconds of emulated time, and the
@@ -228,14 +235,20 @@ class RackModel:
 
     def _next_state(self, job_id: str) -> job_pb2.Job:
         """The job after its next event (WatchJob), or as it is after a short wait."""
+        stream = self.jobs.WatchJob(job_pb2.WatchJobRequest(job_id=job_id), timeout=WATCH_S)
+        watchdog = threading.Timer(WATCH_S + WATCH_GRACE_S, stream.cancel)
+        watchdog.start()
         try:
-            for _ in self.jobs.WatchJob(job_pb2.WatchJobRequest(job_id=job_id), timeout=1.0):
+            for _ in stream:
                 break
         except grpc.RpcError as e:
             # A server that stops mid-stream resets it (RST_STREAM: CANCELLED, not
             # UNAVAILABLE); the GetJob after says whether the orchestrator is gone.
             if e.code() not in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED):
                 raise
+        finally:
+            watchdog.cancel()
+            stream.cancel()  # read one event: the rest of the stream is not wanted
         return self.jobs.GetJob(job_pb2.GetJobRequest(job_id=job_id), timeout=PASS_TIMEOUT_S).job
 
     def release(self, job_id: str | None = None) -> None:
