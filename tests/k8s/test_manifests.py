@@ -13,6 +13,7 @@ from rdurack.rack.whatif import load_platform
 from tests.support import manifests
 from tests.support.manifests import (
     OVERLAYS,
+    SCHEMA_VERSIONS,
     SECRETS,
     Obj,
     admits,
@@ -24,9 +25,6 @@ from tests.support.manifests import (
     workloads,
 )
 
-# The oldest minor the manifests need (gRPC probes GA 1.27, pod-index label 1.28) that
-# kubernetes-validate ships a strict schema for, and the newest it ships.
-SCHEMA_VERSIONS = ("1.32.0", "1.37.0")
 OTEL = "http://jaeger:4317"
 NEEDS_GRPC_PROBES = {"orchestrator", "node-agent"}  # they serve grpc.health.v1
 ENDPOINT_PORT = 8000  # `rdu serve`'s: HTTPS, the OpenAI API (test_endpoint.py)

@@ -12,6 +12,9 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 OVERLAYS = ("dev", "rack16")
+# The oldest minor the manifests need (gRPC probes GA 1.27, pod-index label 1.28) that
+# kubernetes-validate ships a strict schema for, and the newest it ships.
+SCHEMA_VERSIONS = ("1.32.0", "1.37.0")
 Obj = dict[str, Any]
 # Secrets the pods mount, created out of band (Makefile k8s-secrets), and their keys:
 # the file names `rdu certs` writes, the tokens file, and the endpoint's own token.
@@ -24,18 +27,23 @@ SECRETS = {
 
 def render(overlay: str) -> list[Obj]:
     """Every document of `kubectl kustomize k8s/overlays/<overlay>`."""
+    return render_dir(ROOT / "k8s" / "overlays" / overlay)
+
+
+def render_dir(folder: Path) -> list[Obj]:
+    """Every document of `kubectl kustomize FOLDER` (a kustomization's folder)."""
     kubectl = shutil.which("kubectl")
     if kubectl is None:
         pytest.skip("kubectl is not on PATH: cannot render the kustomize overlays")
     out = subprocess.run(
-        [kubectl, "kustomize", str(ROOT / "k8s" / "overlays" / overlay)],
+        [kubectl, "kustomize", str(folder)],
         capture_output=True,
         text=True,
         timeout=60,
     )
     assert out.returncode == 0, out.stderr
     docs = [d for d in yaml.safe_load_all(out.stdout) if d is not None]
-    assert docs, f"overlay {overlay} rendered nothing"
+    assert docs, f"{folder} rendered nothing"
     return docs
 
 
