@@ -9,13 +9,19 @@ BIN := $(VENV)/bin
 PROTO_SRC := $(shell find proto -name '*.proto' 2>/dev/null | sort)
 GEN_DIR := rdurack/v1
 INSTALL_STAMP := $(VENV)/.installed
-# k8s/overlays/<OVERLAY>: dev (1 node x 2 sockets) or rack16 (2 nodes x 8 sockets)
+# k8s/overlays/<OVERLAY>: dev (1 node x 2 sockets) or rack16 (2 nodes x 8 sockets, two
+# orchestrator replicas on PostgreSQL)
 OVERLAY ?= dev
 KUBECTL ?= kubectl
 # make k8s-secrets: where it writes the certificates and tokens it puts in the Secrets,
 # and the tenant of the endpoint's own token (its endpoint jobs belong to it).
 K8S_BUILD ?= build
 ENDPOINT_TENANT ?= rdurack-endpoint
+# make k8s-secrets: the job store of k8s/components/ha-control-plane (the Secret
+# rdurack-postgres): by default the in-cluster server's URL and a new random password;
+# for a server of your own, its URL (no password in it) and a file holding its password.
+PG_URL ?= postgresql://rdurack@rdurack-postgres:5432/rdurack
+PG_PASSWORD_FILE ?=
 PROTO_STAMP := $(GEN_DIR)/.generated
 # Ray must stay on loopback and must not phone home; see README "Ray on this machine".
 # protoc finds the mypy plugins on PATH.
@@ -95,8 +101,12 @@ k8s-render: ## print the manifests of k8s/overlays/$(OVERLAY) (OVERLAY=dev|rack1
 
 # The endpoint's own token for the orchestrator: a new one at every `make k8s-secrets`,
 # added (with its tenant) to a copy of TOKENS; TOKENS itself is not changed.
+# rdurack-postgres is made once and then kept: PostgreSQL takes its password at its
+# first start only, so a new one would lock the orchestrators out (delete the Secret
+# and the server's volume to start over). Its password file is written without a
+# newline, which PGPASSWORD would otherwise carry.
 # tests/k8s/test_secrets.py runs the target with its own K8S_BUILD and KUBECTL.
-k8s-secrets: $(PROTO_STAMP) ## create the Secrets rdurack-tls (new certs), rdurack-tokens (TOKENS=FILE and the endpoint's token) and rdurack-endpoint-token
+k8s-secrets: $(PROTO_STAMP) ## create the Secrets rdurack-tls (new certs), rdurack-tokens (TOKENS=FILE and the endpoint's token), rdurack-endpoint-token and, once, rdurack-postgres
 	$(if $(TOKENS),,$(error TOKENS=FILE: a tokens file, see README "Security"))
 	$(BIN)/rdu certs --out $(K8S_BUILD)/k8s-tls --host rdurack-orchestrator --host rdurack-endpoint
 	$(BIN)/rdu token --tenant $(ENDPOINT_TENANT) --add-to $(TOKENS) --out $(K8S_BUILD)/k8s-tokens
@@ -107,6 +117,18 @@ k8s-secrets: $(PROTO_STAMP) ## create the Secrets rdurack-tls (new certs), rdura
 		--dry-run=client -o yaml | $(KUBECTL) apply -f -
 	$(KUBECTL) create secret generic rdurack-endpoint-token \
 		--from-file=token=$(K8S_BUILD)/k8s-tokens/token \
+		--dry-run=client -o yaml | $(KUBECTL) apply -f -
+	@found=$$($(KUBECTL) get secret rdurack-postgres --ignore-not-found -o name) || exit 1; \
+	if [ -n "$$found" ]; then \
+		echo "k8s-secrets: rdurack-postgres exists: kept (PostgreSQL keeps its first password)"; \
+		exit 0; \
+	fi; \
+	set -eo pipefail; umask 077; mkdir -p $(K8S_BUILD)/k8s-postgres; \
+	if [ -n "$(PG_PASSWORD_FILE)" ]; then tr -d '\r\n' < "$(PG_PASSWORD_FILE)"; \
+	else $(BIN)/python -c 'import secrets; print(secrets.token_urlsafe(32), end="")'; \
+	fi > $(K8S_BUILD)/k8s-postgres/password; \
+	$(KUBECTL) create secret generic rdurack-postgres --from-literal=url='$(PG_URL)' \
+		--from-file=password=$(K8S_BUILD)/k8s-postgres/password \
 		--dry-run=client -o yaml | $(KUBECTL) apply -f -
 
 k8s-apply: ## apply k8s/overlays/$(OVERLAY) to the current kubectl context

@@ -32,9 +32,24 @@ ROOT = Path(__file__).resolve().parents[2]
 TLS_ENV = {"RDURACK_TLS_CA": "ca.crt", "RDURACK_TLS_CERT": "tls.crt", "RDURACK_TLS_KEY": "tls.key"}
 
 
+# What k8s/components/ha-control-plane adds to the rack16 overlay, and what it removes
+# (the SQLite store's claim): test_ha_control_plane.py.
+HA_ADDS = {
+    ("StatefulSet", "rdurack-postgres"),
+    ("Service", "rdurack-postgres"),
+    ("NetworkPolicy", "rdurack-postgres"),
+    ("PodDisruptionBudget", "rdurack-postgres"),
+    ("NetworkPolicy", "rdurack-orchestrator-peers"),
+}
+HA_REMOVES = {("PersistentVolumeClaim", "rdurack-jobs")}
+
+
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_overlay_renders_every_piece(rendered: dict[str, list[Obj]], overlay: str) -> None:
     kinds = {(d["kind"], d["metadata"]["name"]) for d in rendered[overlay]}
+    if overlay == "rack16":
+        assert kinds >= HA_ADDS and not HA_REMOVES & kinds
+        kinds = kinds - HA_ADDS | HA_REMOVES
     assert kinds == {
         ("ConfigMap", "rdurack-spec"),
         ("Deployment", "rdurack-ray-head"),
@@ -119,6 +134,14 @@ def test_probes_use_declared_ports(rendered: dict[str, list[Obj]], overlay: str)
                 probe = c.get(kind)
                 if probe is None:
                     continue
+                if "exec" in probe:  # pg_isready (PostgreSQL): its --port, a number
+                    (port,) = [
+                        int(a.split("=", 1)[1])
+                        for a in probe["exec"]["command"]
+                        if a.startswith("--port=")
+                    ]
+                    assert port in numbers, f"{c['name']} {kind}"
+                    continue
                 action = probe.get("grpc") or probe.get("tcpSocket") or probe.get("httpGet")
                 assert action is not None, f"{c['name']} {kind}"
                 port = action["port"]
@@ -131,6 +154,14 @@ def test_every_pod_is_hardened_and_bounded(rendered: dict[str, list[Obj]], overl
         spec = w["spec"]["template"]["spec"]
         assert spec["securityContext"]["runAsNonRoot"] is True
         volumes = {v["name"]: v for v in spec["volumes"]}
+        for c in spec.get("initContainers", []):  # they run to an end: no probes
+            where = f"{overlay}: {w['metadata']['name']}/{c['name']} (init)"
+            sc = c["securityContext"]
+            assert sc["runAsNonRoot"] is True and sc["readOnlyRootFilesystem"] is True, where
+            assert sc["allowPrivilegeEscalation"] is False, where
+            assert sc["capabilities"]["drop"] == ["ALL"], where
+            for bound in ("requests", "limits"):
+                assert {"cpu", "memory"} <= c["resources"][bound].keys(), where
         for c in spec["containers"]:
             where = f"{overlay}: {w['metadata']['name']}/{c['name']}"
             sc = c["securityContext"]

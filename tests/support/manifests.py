@@ -16,12 +16,14 @@ OVERLAYS = ("dev", "rack16")
 # kubernetes-validate ships a strict schema for, and the newest it ships.
 SCHEMA_VERSIONS = ("1.32.0", "1.37.0")
 Obj = dict[str, Any]
-# Secrets the pods mount, created out of band (Makefile k8s-secrets), and their keys:
-# the file names `rdu certs` writes, the tokens file, and the endpoint's own token.
+# Secrets the pods read, created out of band (Makefile k8s-secrets), and their keys:
+# the file names `rdu certs` writes, the tokens file, the endpoint's own token, and the
+# job store's URL and password (k8s/components/ha-control-plane).
 SECRETS = {
     "rdurack-tls": {"ca.crt", "tls.crt", "tls.key"},
     "rdurack-tokens": {"tokens.yaml"},
     "rdurack-endpoint-token": {"token"},
+    "rdurack-postgres": {"url", "password"},
 }
 
 
