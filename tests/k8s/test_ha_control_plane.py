@@ -234,8 +234,14 @@ def test_postgresql_15_runs_on_its_own_volume_behind_its_service(
         assert f"--port={port['port']}" in command, kind
         user = env_of(c)["POSTGRES_USER"]["value"]
         assert f"--username={user}" in command, kind
-    pod = server["spec"]["template"]["spec"]["securityContext"]
-    assert (pod["runAsUser"], pod["fsGroup"]) == (999, 999)  # the image's postgres user
+    pod = server["spec"]["template"]["spec"]
+    assert (pod["securityContext"]["runAsUser"], pod["securityContext"]["fsGroup"]) == (999, 999)
+    # A fast shutdown (SIGTERM alone is a smart one, which waits for the replicas'
+    # pooled connections to close), done within the grace period.
+    stop = c["lifecycle"]["preStop"]["exec"]["command"]
+    assert stop[:2] == ["pg_ctl", "stop"] and "--mode=fast" in stop and "--wait" in stop
+    (timeout,) = [int(a.split("=")[1]) for a in stop if a.startswith("--timeout=")]
+    assert timeout < pod["terminationGracePeriodSeconds"]
 
 
 def test_a_server_of_your_own_takes_the_replicas_alone(tmp_path: Path) -> None:
