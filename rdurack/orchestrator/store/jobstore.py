@@ -1,8 +1,8 @@
 """The job store: every job and its event history, in SQLite or PostgreSQL.
 
 A job is written, and the write is durable, before the orchestrator acknowledges it; a
-restarted orchestrator opens the same store, calls `recover()` and carries on with every
-job it had. Every write is atomic, so a job row and the event that records its change
+restarted orchestrator, or a replica that takes over as leader, opens the same store,
+calls `recover()` and carries on with every job it had. Every write is atomic, so a job row and the event that records its change
 are both written or neither is.
 
 This is the store's one logic, and its SQL, for both databases; what differs between
@@ -375,7 +375,8 @@ class JobStore:
     def recover(
         self, policy: Literal["retry", "fail"] = "retry", max_attempts: int = 3
     ) -> builtins.list[Job]:
-        """At orchestrator start: settle every job a crash left SCHEDULED or RUNNING.
+        """When a replica's term as leader begins (at an orchestrator's start, or a
+        takeover): settle every job the previous leader left SCHEDULED or RUNNING.
 
         SCHEDULED jobs never started: back to PENDING with their placement undone.
         RUNNING jobs lost their run: PENDING again if `policy` is "retry" and they have
