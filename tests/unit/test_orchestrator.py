@@ -131,6 +131,23 @@ def test_gang_queueing_never_overcommits(orch: Orchestrator, gateway: FakeGatewa
     assert gateway.max_running <= 2
 
 
+def test_a_passed_over_job_keeps_its_count_across_rounds_until_it_leaves_the_queue(
+    orch: Orchestrator, gateway: FakeGateway
+) -> None:
+    gateway.gate.clear()  # every run held: the sockets stay taken
+    orch.submit(spec(sockets=1))
+    assert orch.schedule_once() == 1
+    wide, _ = orch.submit(spec(sockets=16))  # cannot fit while one socket is taken
+    for n in (1, 2):
+        orch.submit(spec(sockets=1))
+        assert orch.schedule_once() == 1  # the small job behind it starts: overtaken
+        assert orch.scheduler.skips == {wide.id: n}  # its count kept from round to round
+    orch.cancel(wide.id)
+    orch.submit(spec(sockets=1))
+    assert orch.schedule_once() == 1
+    assert orch.scheduler.skips == {}  # it left the queue: its count is forgotten
+
+
 def test_cancel_pending_and_finished(orch: Orchestrator, gateway: FakeGateway) -> None:
     gateway.gate.clear()
     running = [orch.submit(spec(sockets=8))[0] for _ in range(2)]
