@@ -152,6 +152,8 @@ def table(figures: list[BenchFigure]) -> Table:
 
 def run(out: Path) -> int:
     console = Console()
+    if not console.is_terminal:  # a log: wide enough for the figures' names, unwrapped
+        console = Console(width=220)
     figures: list[BenchFigure] = []
     failed: list[str] = []
     for label, bench in BENCHMARKS:

@@ -10,14 +10,16 @@ the same Ray, with bare processes (bench_bare.py):
 - functional all-reduce: a ring of 16 bare actors moving the same segments over one
   gRPC client stream to the next member each, adding with numpy.
 
-Each is timed as its figure is (the median of RUNS after a warm-up).
+Each is timed as its figure is, the two taking turns (`alternate`: the medians of RUNS
+after a warm-up).
 """
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent import futures
 from typing import Any
 
@@ -25,6 +27,7 @@ import grpc
 import ray
 
 from rdurack.devtools.bench_bare import BareActor, MemberActor
+from rdurack.errors import RdurackError
 from rdurack.node_agent.actors import start_ray
 
 RUNS = 3
@@ -37,6 +40,20 @@ def median_s(run: Callable[[], float], runs: int = RUNS) -> float:
     as a warm-up (first connections, first buffers)."""
     run()
     return statistics.median(run() for _ in range(runs))
+
+
+def alternate(
+    product: Callable[[], float], floor: Callable[[], float], runs: int = RUNS
+) -> tuple[float, float]:
+    """The medians of `runs` calls of each (seconds), after a warm-up of each, the two
+    taking turns: a moment of load on the shared machine falls on both alike."""
+    product()
+    floor()
+    times: tuple[list[float], list[float]] = ([], [])
+    for _ in range(runs):
+        times[0].append(product())
+        times[1].append(floor())
+    return statistics.median(times[0]), statistics.median(times[1])
 
 
 def bring_up_s() -> float:
@@ -59,45 +76,46 @@ def bring_up_s() -> float:
     return took
 
 
-def _members(count: int, payload_bytes: int) -> list[Any]:
-    """`count` bare members, each connected to the next (a ring; two: a pair)."""
+@contextlib.contextmanager
+def _members(count: int, payload_bytes: int) -> Iterator[list[Any]]:
+    """`count` bare members, each connected to the next (a ring; two: a pair), on the
+    Ray this process has joined; killed after the block."""
     members = [MemberActor.remote(payload_bytes) for _ in range(count)]
-    addresses = ray.get([m.address.remote() for m in members])
-    ray.get([m.connect.remote(addresses[(i + 1) % count]) for i, m in enumerate(members)])
-    return members
-
-
-def link_s(nbytes: int) -> float:
-    """Median wall seconds to stream `nbytes` from one bare actor to another (on the
-    Ray this process has joined)."""
-    members = _members(2, nbytes)
     try:
-
-        def run() -> float:
-            t = time.perf_counter()
-            ray.get(members[0].send.remote(nbytes))
-            return time.perf_counter() - t
-
-        return median_s(run)
+        addresses = ray.get([m.address.remote() for m in members])
+        ray.get([m.connect.remote(addresses[(i + 1) % count]) for i, m in enumerate(members)])
+        yield members
     finally:
         for m in members:
             ray.kill(m)
 
 
-def ring_all_reduce_s(elements: int, size: int = ACTORS) -> float:
-    """Median wall seconds of a ring all-reduce of `elements` float32 over `size` bare
-    actors (on the Ray this process has joined)."""
-    members = _members(size, 0)
-    try:
+@contextlib.contextmanager
+def link(nbytes: int) -> Iterator[Callable[[], float]]:
+    """A run of the link's floor: wall seconds to stream `nbytes` from one bare actor to
+    another."""
+    with _members(2, nbytes) as (sender, _):
+
+        def run() -> float:
+            t = time.perf_counter()
+            ray.get(sender.send.remote(nbytes))
+            return time.perf_counter() - t
+
+        yield run
+
+
+@contextlib.contextmanager
+def ring(elements: int, size: int = ACTORS) -> Iterator[Callable[[], float]]:
+    """A run of the all-reduce's floor: wall seconds of a ring all-reduce of `elements`
+    float32 over `size` bare actors."""
+    with _members(size, 0) as members:
 
         def run() -> float:
             t = time.perf_counter()
             sums = ray.get([m.all_reduce.remote(i, size, elements) for i, m in enumerate(members)])
             took = time.perf_counter() - t
-            assert sums == [float(size)] * size, sums  # a ring that moved the wrong bytes
+            if sums != [float(size)] * size:  # a ring that moved the wrong bytes
+                raise RdurackError(f"the bare ring all-reduced to {sums}, not {size}")
             return took
 
-        return median_s(run)
-    finally:
-        for m in members:
-            ray.kill(m)
+        yield run

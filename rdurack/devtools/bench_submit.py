@@ -7,19 +7,21 @@ two servers, each on a new store of that kind and in processes of its own
 - the floor: the bare grpcio server of bench_floor.py, making the same durable write
   (the same store class, committed and flushed before the answer) and nothing else.
 Every load comes from the load generator (bench_loadgen.py), a process of its own, with
-the same arguments for both servers, the floor's just before the product's, so that
-both meet the machine as it is at that moment.
+the same arguments for both servers, the floor's just before the product's, and the
+whole sequence twice over (ROUNDS, merged), so that both meet the machine as it is.
 
 While the figures with targets are measured, the rack's 16 sockets are held by two
 endpoint jobs (bench_servers.held): what is submitted queues, and the rack runs
 nothing. What is measured is then the control plane, admission to answer: the
 orchestrator's gRPC server, tracing, checks, validation, the durable write, waking the
 scheduler and the watchers. The loads, in order:
-1. open: 50 clients offering RATE SubmitJob calls/s in all for OPEN_S seconds (open
-   loop: a call's latency runs from its scheduled time);
-2. watch: WatchJob streams opened at WATCH_RATE/s for WATCH_S seconds, each on one of
-   jobs submitted just before, timed from its scheduled time to its first event;
-3. sustained: IN_FLIGHT SubmitJob calls kept outstanding for SUSTAIN_S (closed loop).
+1. open: 50 clients offering RATE SubmitJob calls/s in all for OPEN_S seconds a round
+   (open loop: a call's latency runs from its scheduled time);
+2. watch: WatchJob streams opened at WATCH_RATE/s for WATCH_S seconds a round, each on
+   one of the jobs submitted just before, timed from its scheduled time to its first
+   event;
+3. sustained: IN_FLIGHT SubmitJob calls kept outstanding for SUSTAIN_S a round (closed
+   loop).
 Then the holds are cancelled and the rack runs the thousands of jobs it was given, and
 the open load runs once more on the product: SubmitJob while the rack's own work (the
 node agents and 16 socket actors running jobs, on the same two cores as the
@@ -54,10 +56,11 @@ from rdurack.devtools.postgres import PostgresServer
 from rdurack.errors import RdurackError
 
 RATE = 200.0  # SubmitJob calls/s offered, in all
-OPEN_S = 8.0
+ROUNDS = 2  # each load runs this many times on each server, taking turns (measure)
+OPEN_S = 5.0  # seconds of each load, each round
 WATCH_RATE = 50.0  # WatchJob streams opened per second
-WATCH_S = 4.0
-SUSTAIN_S = 4.0
+WATCH_S = 3.0
+SUSTAIN_S = 3.0
 IN_FLIGHT = 64
 P99_RATIO = 3.0  # the issue's: p99 at most 3x the floor's
 P99_MS = 25.0  # ... and at most 25 ms
@@ -82,12 +85,12 @@ def rate(outcome: Outcome) -> float:
     return outcome.calls / outcome.elapsed_s
 
 
-def load(mode: str, address: str) -> Outcome:
+def load(mode: str, address: str, seed: int = 1000) -> Outcome:
     """One load of LOADS on the server at `address`, from bench_loadgen.py in its own
-    process."""
+    process (`seed`: its clients' schedules)."""
     command = [sys.executable, "-m", "rdurack.devtools.bench_loadgen", mode]
     done = subprocess.run(
-        [*command, "--address", address, *LOADS[mode]],
+        [*command, "--address", address, "--seed", str(seed), *LOADS[mode]],
         capture_output=True,
         text=True,
         timeout=LOAD_TIMEOUT_S,
@@ -99,14 +102,30 @@ def load(mode: str, address: str) -> Outcome:
     return Outcome(**json.loads(done.stdout.splitlines()[-1]))
 
 
+def merged(outcomes: list[Outcome]) -> Outcome:
+    """Several runs of one load as one: their calls, errors, time and latencies."""
+    first = next((o.first_error for o in outcomes if o.first_error), "")
+    return Outcome(
+        outcomes[0].mode,
+        calls=sum(o.calls for o in outcomes),
+        errors=sum(o.errors for o in outcomes),
+        first_error=first,
+        elapsed_s=sum(o.elapsed_s for o in outcomes),
+        latencies_ms=[ms for o in outcomes for ms in o.latencies_ms],
+    )
+
+
 def measure(floor: str, product: str) -> tuple[dict[str, Outcome], dict[str, Outcome]]:
     """Every load of LOADS on the floor at `floor`, then at once on the product at
-    `product`: (the floor's, the product's), by load."""
-    floors: dict[str, Outcome] = {}
-    products: dict[str, Outcome] = {}
-    for mode in LOADS:
-        floors[mode] = load(mode, floor)
-        products[mode] = load(mode, product)
+    `product`, ROUNDS times over, the same schedules for both in each round: (the
+    floor's, the product's), by load, the rounds merged. Taking turns this way, a moment
+    of load from elsewhere on the machine falls on both alike."""
+    runs: tuple[dict[str, list[Outcome]], dict[str, list[Outcome]]] = ({}, {})
+    for r in range(ROUNDS):
+        for mode in LOADS:
+            for server, out in zip((floor, product), runs, strict=True):
+                out.setdefault(mode, []).append(load(mode, server, seed=1000 + 100 * r))
+    floors, products = ({m: merged(o) for m, o in out.items()} for out in runs)
     return floors, products
 
 
@@ -196,7 +215,7 @@ def _one_store(name: str, product_store: str, floor_store: str, root: Path) -> l
     with rack(root / name, product_store) as orchestrator, floor_server(floor_store, logs) as floor:
         with held(orchestrator):
             floors, products = measure(floor, orchestrator)
-        running = load("open", orchestrator)
+        running = merged([load("open", orchestrator, 1000 + 100 * r) for r in range(ROUNDS)])
     return figures(name, floors, products, running)
 
 

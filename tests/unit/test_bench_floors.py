@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import statistics
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +19,7 @@ from rdurack.devtools import bench_submit
 from rdurack.devtools.bench_bare import Member
 from rdurack.devtools.bench_floor import serve
 from rdurack.devtools.bench_loadgen import CLIENTS, Outcome, open_loop, sustained, watch_loop
+from rdurack.devtools.bench_rack_floors import alternate
 from rdurack.devtools.bench_servers import without_password
 from rdurack.errors import RdurackError
 from rdurack.orchestrator.jobs import JobState
@@ -93,6 +94,24 @@ def test_a_bare_ring_all_reduces() -> None:
     assert sums == [float(size)] * size
 
 
+def test_a_figure_and_its_floor_take_turns_and_each_keeps_its_median() -> None:
+    calls: list[str] = []
+
+    def timed(name: str, seconds: list[float]) -> Callable[[], float]:
+        left = iter(seconds)
+
+        def run() -> float:
+            calls.append(name)
+            return next(left)
+
+        return run
+
+    product = timed("product", [9.0, 3.0, 1.0, 2.0])  # a warm-up, then three runs
+    floor = timed("floor", [9.0, 0.5, 0.7, 0.6])
+    assert alternate(product, floor, runs=3) == (2.0, 0.6)
+    assert calls == ["product", "floor"] * 4
+
+
 def _outcome(
     mode: str, latencies_ms: list[float], calls: int = 0, elapsed_s: float = 0.0
 ) -> Outcome:
@@ -122,6 +141,15 @@ def test_the_submit_figures_are_the_loads_percentiles_beside_the_floors() -> Non
     busy = figures[f"SubmitJob latency p99, {at}, the rack running its queue"]
     assert busy.ratio == pytest.approx(10.0) and busy.target is None
     assert figures["calls failed in these loads, S"].value == 0
+
+
+def test_the_rounds_of_a_load_merge_into_one() -> None:
+    a = _outcome("open", [1.0, 2.0], elapsed_s=5.0)
+    b = _outcome("open", [3.0], elapsed_s=4.0)
+    b.failed(RuntimeError("DEADLINE_EXCEEDED"))
+    both = bench_submit.merged([a, b])
+    assert (both.mode, both.calls, both.errors, both.elapsed_s) == ("open", 3, 1, 9.0)
+    assert both.latencies_ms == [1.0, 2.0, 3.0] and both.first_error == "DEADLINE_EXCEEDED"
 
 
 def test_a_floor_that_failed_calls_fails_the_benchmark() -> None:
