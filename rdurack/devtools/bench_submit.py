@@ -58,8 +58,8 @@ from rdurack.errors import RdurackError
 RATE = 200.0  # SubmitJob calls/s offered, in all
 ROUNDS = 2  # each load runs this many times on each server, taking turns (measure)
 OPEN_S = 5.0  # seconds of each load, each round
-WATCH_RATE = 50.0  # WatchJob streams opened per second
-WATCH_S = 3.0
+WATCH_RATE = 100.0  # WatchJob streams opened per second
+WATCH_S = 4.0
 SUSTAIN_S = 3.0
 IN_FLIGHT = 64
 P99_RATIO = 3.0  # the issue's: p99 at most 3x the floor's
