@@ -7,8 +7,10 @@ two servers, each on a new store of that kind and in processes of its own
 - the floor: the bare grpcio server of bench_floor.py, making the same durable write
   (the same store class, committed and flushed before the answer) and nothing else.
 Every load comes from the load generator (bench_loadgen.py), a process of its own, with
-the same arguments for both servers, the floor's just before the product's, and the
-whole sequence twice over (ROUNDS, merged), so that both meet the machine as it is.
+the same arguments for both servers, the floor's just before the product's, the whole
+sequence ROUNDS times over; a figure is the median over the rounds of each round's
+percentile or rate, so that both meet the machine as it is and a burst of load from
+elsewhere that hits one round moves it little.
 
 While the figures with targets are measured, the rack's 16 sockets are held by two
 endpoint jobs (bench_servers.held): what is submitted queues, and the rack runs
@@ -23,7 +25,7 @@ scheduler and the watchers. The loads, in order:
 3. sustained: IN_FLIGHT SubmitJob calls kept outstanding for SUSTAIN_S a round (closed
    loop).
 Then the holds are cancelled and the rack runs the thousands of jobs it was given, and
-the open load runs once more on the product: SubmitJob while the rack's own work (the
+the open load runs RUNNING_ROUNDS more times on the product: SubmitJob while the rack's own work (the
 node agents and 16 socket actors running jobs, on the same two cores as the
 orchestrator and the load generator) goes on; beside the same floor, without a target.
 
@@ -40,6 +42,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from rdurack import RAY_ENVIRONMENT
@@ -56,11 +59,16 @@ from rdurack.devtools.postgres import PostgresServer
 from rdurack.errors import RdurackError
 
 RATE = 200.0  # SubmitJob calls/s offered, in all
-ROUNDS = 2  # each load runs this many times on each server, taking turns (measure)
-OPEN_S = 5.0  # seconds of each load, each round
+# Each load runs this many times on each server, taking turns (measure); a figure is the
+# median over the rounds of each round's percentile or rate: a burst of load from
+# elsewhere that hits one round moves it little. With the rounds' samples merged into
+# one p99 instead, two runs' p99 ratios were up to 2x apart.
+ROUNDS = 4
+RUNNING_ROUNDS = 2  # of the open load while the rack runs its queue (no target)
+OPEN_S = 4.0  # seconds of each load, each round
 WATCH_RATE = 100.0  # WatchJob streams opened per second
 WATCH_S = 4.0
-SUSTAIN_S = 3.0
+SUSTAIN_S = 2.0
 IN_FLIGHT = 64
 P99_RATIO = 3.0  # the issue's: p99 at most 3x the floor's
 P99_MS = 25.0  # ... and at most 25 ms
@@ -102,57 +110,56 @@ def load(mode: str, address: str, seed: int = 1000) -> Outcome:
     return Outcome(**json.loads(done.stdout.splitlines()[-1]))
 
 
-def merged(outcomes: list[Outcome]) -> Outcome:
-    """Several runs of one load as one: their calls, errors, time and latencies."""
-    first = next((o.first_error for o in outcomes if o.first_error), "")
-    return Outcome(
-        outcomes[0].mode,
-        calls=sum(o.calls for o in outcomes),
-        errors=sum(o.errors for o in outcomes),
-        first_error=first,
-        elapsed_s=sum(o.elapsed_s for o in outcomes),
-        latencies_ms=[ms for o in outcomes for ms in o.latencies_ms],
-    )
+def median_of_rounds(rounds: list[Outcome], measure: Callable[[Outcome], float]) -> float:
+    """The median over the rounds of `measure` of each round (a percentile, a rate)."""
+    return statistics.median(measure(o) for o in rounds)
 
 
-def measure(floor: str, product: str) -> tuple[dict[str, Outcome], dict[str, Outcome]]:
+def p(q: int) -> Callable[[Outcome], float]:
+    """The q-th percentile of a round's latencies (ms)."""
+    return lambda o: quantile(o.latencies_ms, q)
+
+
+Rounds = dict[str, list[Outcome]]  # each load's rounds, by load
+
+
+def measure(floor: str, product: str) -> tuple[Rounds, Rounds]:
     """Every load of LOADS on the floor at `floor`, then at once on the product at
     `product`, ROUNDS times over, the same schedules for both in each round: (the
-    floor's, the product's), by load, the rounds merged. Taking turns this way, a moment
-    of load from elsewhere on the machine falls on both alike."""
-    runs: tuple[dict[str, list[Outcome]], dict[str, list[Outcome]]] = ({}, {})
+    floor's rounds, the product's), by load. Taking turns this way, a moment of load
+    from elsewhere on the machine falls on both alike."""
+    runs: tuple[Rounds, Rounds] = ({}, {})
     for r in range(ROUNDS):
         for mode in LOADS:
             for server, out in zip((floor, product), runs, strict=True):
                 out.setdefault(mode, []).append(load(mode, server, seed=1000 + 100 * r))
-    floors, products = ({m: merged(o) for m, o in out.items()} for out in runs)
-    return floors, products
+    return runs
 
 
 def figures(
-    store: str, floor: dict[str, Outcome], product: dict[str, Outcome], running: Outcome
+    store: str, floor: Rounds, product: Rounds, running: list[Outcome]
 ) -> list[BenchFigure]:
-    """The figures of one store (module docstring); `running`: the open load on the rack
-    running its queue."""
-    failed = [o for o in floor.values() if o.errors]
+    """The figures of one store (module docstring); `running`: the rounds of the open
+    load on the rack running its queue. Each is the median over its rounds."""
+    failed = [o for rounds in floor.values() for o in rounds if o.errors]
     if failed:
         raise RdurackError(f"the floor server failed calls: {failed[0].first_error}")
     at = f"{RATE:g} calls/s offered, {store}"
     watch = f"WatchJob first event p99, {WATCH_RATE:g} streams/s opened, {store}"
     sustained = f"SubmitJob calls/s sustained, {IN_FLIGHT} in flight, {store}"
     busy = f"{at}, the rack running its queue"
-    opened, opened_floor = product["open"].latencies_ms, floor["open"].latencies_ms
-    p99 = quantile(opened, 99)
-    watch_p99 = quantile(product["watch"].latencies_ms, 99)
-    errors = sum(o.errors for o in product.values()) + running.errors
+    p99 = median_of_rounds(product["open"], p(99))
+    watch_p99 = median_of_rounds(product["watch"], p(99))
+    served = median_of_rounds(product["sustained"], rate)
+    errors = sum(o.errors for rounds in [*product.values(), running] for o in rounds)
     return [
         BenchFigure(
             f"SubmitJob latency p50, {at}",
-            quantile(opened, 50),
+            median_of_rounds(product["open"], p(50)),
             "ms",
             None,
             "lower",
-            floor=quantile(opened_floor, 50),
+            floor=median_of_rounds(floor["open"], p(50)),
         ),
         BenchFigure(
             f"SubmitJob latency p99, {at}",
@@ -160,7 +167,7 @@ def figures(
             "ms",
             P99_RATIO,
             "lower",
-            floor=quantile(opened_floor, 99),
+            floor=median_of_rounds(floor["open"], p(99)),
         ),
         BenchFigure(f"SubmitJob latency p99, {at}: absolute", p99, "ms", P99_MS, "lower"),
         BenchFigure(
@@ -169,39 +176,33 @@ def figures(
             "ms",
             P99_RATIO,
             "lower",
-            floor=quantile(floor["watch"].latencies_ms, 99),
+            floor=median_of_rounds(floor["watch"], p(99)),
         ),
         BenchFigure(f"{watch}: absolute", watch_p99, "ms", P99_MS, "lower"),
         BenchFigure(
             sustained,
-            rate(product["sustained"]),
+            served,
             "calls/s",
             None,
             "higher",
-            floor=rate(floor["sustained"]),
+            floor=median_of_rounds(floor["sustained"], rate),
         ),
-        BenchFigure(
-            f"{sustained}: absolute",
-            rate(product["sustained"]),
-            "calls/s",
-            SUSTAINED_PER_S,
-            "higher",
-        ),
+        BenchFigure(f"{sustained}: absolute", served, "calls/s", SUSTAINED_PER_S, "higher"),
         BenchFigure(
             f"SubmitJob latency p50, {busy}",
-            quantile(running.latencies_ms, 50),
+            median_of_rounds(running, p(50)),
             "ms",
             None,
             "lower",
-            floor=quantile(opened_floor, 50),
+            floor=median_of_rounds(floor["open"], p(50)),
         ),
         BenchFigure(
             f"SubmitJob latency p99, {busy}",
-            quantile(running.latencies_ms, 99),
+            median_of_rounds(running, p(99)),
             "ms",
             None,
             "lower",
-            floor=quantile(opened_floor, 99),
+            floor=median_of_rounds(floor["open"], p(99)),
         ),
         BenchFigure(f"calls failed in these loads, {store}", errors, "calls", 0, "lower"),
     ]
@@ -215,7 +216,7 @@ def _one_store(name: str, product_store: str, floor_store: str, root: Path) -> l
     with rack(root / name, product_store) as orchestrator, floor_server(floor_store, logs) as floor:
         with held(orchestrator):
             floors, products = measure(floor, orchestrator)
-        running = merged([load("open", orchestrator, 1000 + 100 * r) for r in range(ROUNDS)])
+        running = [load("open", orchestrator, 1000 + 100 * r) for r in range(RUNNING_ROUNDS)]
     return figures(name, floors, products, running)
 
 
