@@ -25,9 +25,9 @@ scheduler and the watchers. The loads, in order:
 3. sustained: IN_FLIGHT SubmitJob calls kept outstanding for SUSTAIN_S a round (closed
    loop).
 Then the holds are cancelled and the rack runs the thousands of jobs it was given, and
-the open load runs RUNNING_ROUNDS more times on the product: SubmitJob while the rack's own work (the
-node agents and 16 socket actors running jobs, on the same two cores as the
-orchestrator and the load generator) goes on; beside the same floor, without a target.
+the open load runs RUNNING_ROUNDS more times on the product: SubmitJob while the rack's
+own work (the node agents and 16 socket actors running jobs, on the same two cores as
+the orchestrator and the load generator) goes on; beside the same floor, no target.
 
 Targets: p99 at most P99_RATIO x its floor's, and P99_MS absolute beside it (WatchJob's
 first event: the same two); calls/s sustained at least SUSTAINED_PER_S (its floor's
