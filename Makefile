@@ -48,11 +48,12 @@ $(INSTALL_STAMP): pyproject.toml
 
 install: $(INSTALL_STAMP) postgres ## create .venv and install rdurack with its dev tools (idempotent)
 
-# The PostgreSQL job store's tests start a throwaway server (tests/support/postgres.py)
-# with initdb and pg_ctl, from PATH or Debian's /usr/lib/postgresql/VERSION/bin. Where
-# neither has them, Debian's package is installed (as root, else through sudo), so
-# `make test` runs those tests on a fresh machine instead of failing them.
-postgres: ## install PostgreSQL from Debian's packages where it is missing (the store tests)
+# The PostgreSQL job store's tests and `make bench` start a throwaway server
+# (rdurack/devtools/postgres.py) with initdb and pg_ctl, from PATH or Debian's
+# /usr/lib/postgresql/VERSION/bin. Where neither has them, Debian's package is installed
+# (as root, else through sudo), so `make test` runs those tests on a fresh machine
+# instead of failing them.
+postgres: ## install PostgreSQL from Debian's packages where it is missing (store tests, bench)
 	@command -v initdb >/dev/null || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { \
 	  command -v apt-get >/dev/null || { \
 	    echo "PostgreSQL (initdb, pg_ctl) is missing and apt-get is not here: install PostgreSQL 15"; \
@@ -86,7 +87,7 @@ test: lint typecheck postgres ## lint, typecheck and the whole test suite (fails
 run: $(PROTO_STAMP) ## the main demo on the embedded default rack (rdu demo)
 	$(BIN)/rdu demo
 
-bench: $(PROTO_STAMP) ## benchmarks: prints a table, writes build/bench.json
+bench: $(PROTO_STAMP) postgres ## benchmarks: prints a table, writes build/bench.json
 	$(BIN)/python -m rdurack.devtools.bench --out build/bench.json
 
 docs: $(PROTO_STAMP) ## regenerate the docs' generated tables and figures from the code

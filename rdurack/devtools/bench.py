@@ -1,8 +1,12 @@
 """`make bench`: every benchmark figure, printed as a table and written to JSON.
 
-Each benchmark returns figures `{"name", "value", "unit", "target", "better"}`. A figure
-that misses its target is reported, and the run still succeeds; the run fails only
-when a benchmark cannot run at all. Later work adds its benchmarks to BENCHMARKS.
+Each benchmark returns figures (bench_figure.py): a value, its unit, its floor measured
+in the same run where it has one (docs/benchmarks.md), the ratio value / floor, the
+target and which way is better. Where a figure has a floor its target holds the ratio,
+else the value. build/bench.json keeps, for each, `{"name", "value", "unit", "floor",
+"ratio", "target", "better"}`. A figure that misses its target is reported, and the run
+still succeeds; the run fails only when a benchmark cannot run at all. Later work adds
+its benchmarks to BENCHMARKS.
 """
 
 from __future__ import annotations
@@ -14,7 +18,6 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import asdict
 from pathlib import Path
 
 from rich.console import Console
@@ -25,6 +28,7 @@ from rdurack.devtools.bench_endpoint import bench_endpoint
 from rdurack.devtools.bench_figure import BenchFigure
 from rdurack.devtools.bench_rack import bench_rack
 from rdurack.devtools.bench_serve import bench_serve
+from rdurack.devtools.bench_submit import bench_submit
 from rdurack.devtools.bench_training import bench_progressive
 from rdurack.rack.models import builtin_models
 from rdurack.rack.presets import builtin_platforms
@@ -119,13 +123,37 @@ BENCHMARKS: list[tuple[str, Benchmark]] = [
     ("CoE serving engine on the predictor", bench_serving_engine),
     ("paper fidelity", bench_paper_fidelity),
     ("rack: 2 node agents x 8 socket actors", bench_rack),
+    ("control plane: SubmitJob and WatchJob beside their floors, both stores", bench_submit),
     ("control plane: rdu up, SubmitJob from 50 clients, scheduling", bench_control),
     ("progressive training (ProFL), default configuration", bench_progressive),
 ]
 
 
+def table(figures: list[BenchFigure]) -> Table:
+    """The figures as `make bench` prints them: each beside its floor and the ratio, and
+    the target on what it holds (the ratio where there is a floor, else the value)."""
+    out = Table(title="rdurack benchmarks (floor: measured in the same run)")
+    for col in ("figure", "value", "unit", "floor", "ratio", "target", ""):
+        out.add_column(col)
+    for f in figures:
+        floor = "—" if f.floor is None else f"{f.floor:,.4g}"
+        ratio = "" if f.ratio is None else f"{f.ratio:.2f}"
+        sign = "≤" if f.better == "lower" else "≥"
+        if f.target is None:
+            target = "—"
+        elif f.floor is not None:
+            target = f"ratio {sign} {f.target:g}"
+        else:
+            target = f"{sign} {f.target:g} {f.unit}"
+        verdict = {None: "", True: "[green]met[/]", False: "[red]missed[/]"}[f.met]
+        out.add_row(f.name, f"{f.value:,.4g}", f.unit, floor, ratio, target, verdict)
+    return out
+
+
 def run(out: Path) -> int:
     console = Console()
+    if not console.is_terminal:  # a log: wide enough for the figures' names, unwrapped
+        console = Console(width=220)
     figures: list[BenchFigure] = []
     failed: list[str] = []
     for label, bench in BENCHMARKS:
@@ -135,17 +163,9 @@ def run(out: Path) -> int:
         except Exception:  # a benchmark that cannot run fails the run, after the others
             failed.append(label)
             console.print(f"[red]bench {label} could not run:[/]\n{traceback.format_exc()}")
-    table = Table(title="rdurack benchmarks")
-    for col in ("figure", "value", "unit", "target", "value/target", ""):
-        table.add_column(col)
-    for f in figures:
-        ratio = "" if not f.target else f"{f.value / f.target:.2f}"
-        verdict = {None: "", True: "[green]met[/]", False: "[red]missed[/]"}[f.met]
-        target = "—" if f.target is None else f"{'≤' if f.better == 'lower' else '≥'} {f.target:g}"
-        table.add_row(f.name, f"{f.value:,.4g}", f.unit, target, ratio, verdict)
-    console.print(table)
+    console.print(table(figures))
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps([asdict(f) for f in figures], indent=2) + "\n")
+    out.write_text(json.dumps([f.to_json() for f in figures], indent=2) + "\n")
     console.print(f"wrote {out}")
     if failed:
         console.print(f"[red]benchmarks that could not run: {', '.join(failed)}[/]")

@@ -7,8 +7,10 @@ agents x 8 sockets, the orchestrator, each its own process), then gRPC clients.
   submission until no job of the batch is PENDING any more.
 - "cluster CoE requests per wall second": one CoE job serving a Poisson load in timing
   mode, requests over the wall time from its submission to its end.
-- SubmitJob latencies, 1,000 submissions from 100 clients, 100 WatchJob streams: the
-  load bench_load.py puts on the same rack, after the figures above.
+- SubmitJob latencies from 50 closed-loop clients, 1,000 submissions from 100 clients,
+  100 WatchJob streams: the load bench_load.py puts on the same rack, after the figures
+  above, while the rack runs what they queued. (SubmitJob and WatchJob beside their
+  floors, on both stores: bench_submit.py.)
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from pathlib import Path
 from rdurack.api.server import channel
 from rdurack.devtools import bench_load
 from rdurack.devtools.bench_figure import BenchFigure
-from rdurack.devtools.bench_load import RPC_TIMEOUT_S, small_job
+from rdurack.devtools.bench_load import RPC_TIMEOUT_S
+from rdurack.devtools.bench_loadgen import small_job
 from rdurack.devtools.ports import free_port
 from rdurack.errors import RdurackError
 from rdurack.processes import local_rack
@@ -114,7 +117,6 @@ def bench_control() -> list[BenchFigure]:
             # (the rack runs some 20 small jobs per second): the watched jobs go first
             # by priority, so that they run while watched.
             figures += bench_load.watch_streams(rack.orchestrator)
-            figures += bench_load.submit_open_loop(rack.orchestrator)
             figures += bench_load.many_submissions(rack.orchestrator)
             return figures
         finally:

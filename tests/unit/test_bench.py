@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from rich.console import Console
 
 from rdurack.devtools import bench
 from rdurack.devtools.bench import (
@@ -14,6 +15,7 @@ from rdurack.devtools.bench import (
     bench_predictor_speed,
     bench_serving_engine,
     run,
+    table,
 )
 from rdurack.devtools.bench_figure import BenchFigure
 from rdurack.devtools.bench_serve import ANSWER_TARGET_MS, bench_serve
@@ -25,7 +27,8 @@ from rdurack.workloads.training.shrunken import Shrunken
 MET = BenchFigure("fake latency", 1.5, "ms", 2.0, "lower")
 MISSED = BenchFigure("fake throughput", 10.0, "ops/s", 100.0, "higher")
 UNTARGETED = BenchFigure("fake count", 3.0, "things", None, "higher")
-KEYS = {"name", "value", "unit", "target", "better"}
+UNTARGETED_FLOOR = BenchFigure("fake floored count", 3.0, "things", None, "higher", floor=2.0)
+KEYS = {"name", "value", "unit", "floor", "ratio", "target", "better"}
 
 
 def _fake() -> list[BenchFigure]:
@@ -48,17 +51,25 @@ def _read(path: Path) -> list[dict[str, Any]]:
     return data
 
 
+def _number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
 def _check_schema(item: dict[str, Any]) -> None:
     assert set(item) == KEYS
     assert isinstance(item["name"], str)
     assert item["name"]
-    assert isinstance(item["value"], int | float)
-    assert not isinstance(item["value"], bool)
+    assert _number(item["value"])
     assert isinstance(item["unit"], str)
-    assert item["target"] is None or (
-        isinstance(item["target"], int | float) and not isinstance(item["target"], bool)
-    )
+    assert item["target"] is None or _number(item["target"])
     assert item["better"] in ("lower", "higher")
+    # A floor is the same quantity measured bare in the same run; the ratio is value over
+    # it, and there is a ratio exactly when there is a floor.
+    assert item["floor"] is None or (_number(item["floor"]) and item["floor"] > 0)
+    if item["floor"] is None:
+        assert item["ratio"] is None
+    else:
+        assert item["ratio"] == pytest.approx(item["value"] / item["floor"])
 
 
 def test_run_writes_every_figure_and_succeeds_when_a_target_is_missed(
@@ -72,17 +83,15 @@ def test_run_writes_every_figure_and_succeeds_when_a_target_is_missed(
     data = _read(out)
     for item in data:
         _check_schema(item)
+    none = {"floor": None, "ratio": None}
     assert data == [
-        {"name": "fake latency", "value": 1.5, "unit": "ms", "target": 2.0, "better": "lower"},
-        {
-            "name": "fake throughput",
-            "value": 10.0,
-            "unit": "ops/s",
-            "target": 100.0,
-            "better": "higher",
-        },
-        {"name": "fake count", "value": 3.0, "unit": "things", "target": None, "better": "higher"},
-    ]
+        {"name": "fake latency", "value": 1.5, "unit": "ms", **none, "target": 2.0,
+         "better": "lower"},
+        {"name": "fake throughput", "value": 10.0, "unit": "ops/s", **none, "target": 100.0,
+         "better": "higher"},
+        {"name": "fake count", "value": 3.0, "unit": "things", **none, "target": None,
+         "better": "higher"},
+    ]  # fmt: skip
 
 
 def test_run_creates_the_output_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -138,6 +147,58 @@ def test_met(value: float, target: float | None, better: str, met: bool | None) 
     assert figure.met is met
 
 
+@pytest.mark.parametrize(
+    ("value", "floor", "target", "better", "ratio", "met"),
+    [
+        (30.0, 12.0, 3.0, "lower", 2.5, True),  # p99 2.5x its floor's: within 3x
+        (40.0, 12.0, 3.0, "lower", 40 / 12, False),
+        (2.0, 0.5, 3.0, "lower", 4.0, False),  # 2.0 <= 3, but 4x its floor: missed
+        (0.9, 1.0, 0.8, "higher", 0.9, True),  # link at 0.9x its floor: at least 0.8x
+        (0.7, 1.0, 0.8, "higher", 0.7, False),
+        (5.0, 2.0, None, "higher", 2.5, None),  # a floor shown, no target on it
+    ],
+)
+def test_a_figure_with_a_floor_holds_its_target_on_the_ratio(
+    value: float, floor: float, target: float | None, better: str, ratio: float, met: bool | None
+) -> None:
+    figure = BenchFigure("f", value, "u", target, "lower" if better == "lower" else "higher", floor)
+    assert figure.ratio == pytest.approx(ratio)
+    assert figure.held == figure.ratio
+    assert figure.met is met
+    _check_schema(figure.to_json())
+
+
+def test_a_figure_without_a_floor_holds_its_target_on_the_value() -> None:
+    assert MET.floor is None and MET.ratio is None and MET.held == MET.value == 1.5
+    assert BenchFigure("f", 0.0, "u", 1.0, "lower", floor=0.0).ratio is None  # no ratio to 0
+
+
+def test_run_writes_each_floor_and_ratio(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    floored = BenchFigure("fake p99", 9.0, "ms", 3.0, "lower", floor=4.0)
+    monkeypatch.setattr(bench, "BENCHMARKS", [("floored", lambda: [floored, UNTARGETED_FLOOR])])
+    out = tmp_path / "b.json"
+    assert run(out) == 0
+    data = _read(out)
+    for item in data:
+        _check_schema(item)
+    assert data[0] == {"name": "fake p99", "value": 9.0, "unit": "ms", "floor": 4.0,
+                       "ratio": 2.25, "target": 3.0, "better": "lower"}  # fmt: skip
+    assert (data[1]["floor"], data[1]["ratio"], data[1]["target"]) == (2.0, 1.5, None)
+
+
+def test_the_table_prints_each_floor_its_ratio_and_what_the_target_holds() -> None:
+    floored = BenchFigure("fake p99", 9.0, "ms", 3.0, "lower", floor=4.0)
+    console = Console(width=200, record=True, color_system=None)
+    console.print(table([floored, MET, MISSED, UNTARGETED_FLOOR]))
+    rows = {line.split("│")[1].strip(): line for line in console.export_text().splitlines()
+            if line.startswith("│")}  # fmt: skip
+    cells = {name: [c.strip() for c in line.split("│")[2:-1]] for name, line in rows.items()}
+    assert cells["fake p99"] == ["9", "ms", "4", "2.25", "ratio ≤ 3", "met"]
+    assert cells["fake latency"] == ["1.5", "ms", "—", "", "≤ 2 ms", "met"]
+    assert cells["fake throughput"] == ["10", "ops/s", "—", "", "≥ 100 ops/s", "missed"]
+    assert cells["fake floored count"] == ["3", "things", "2", "1.50", "—", ""]
+
+
 def test_the_fakes_meet_and_miss_their_targets() -> None:
     assert MET.met is True
     assert MISSED.met is False
@@ -162,7 +223,7 @@ def test_paper_fidelity_figures() -> None:
     assert largest_error.target == 15.0
     assert largest_error.value >= 0
     for f in figures:
-        _check_schema(json.loads(json.dumps(f.__dict__)))
+        _check_schema(json.loads(json.dumps(f.to_json())))
 
 
 def test_predictor_speed_is_a_positive_rate() -> None:
@@ -172,19 +233,19 @@ def test_predictor_speed_is_a_positive_rate() -> None:
     assert figure.value > 0
     assert figure.target is not None
     assert figure.target > 0
-    _check_schema(json.loads(json.dumps(figure.__dict__)))
+    _check_schema(json.loads(json.dumps(figure.to_json())))
 
 
 def test_serving_engine_speed_is_a_positive_rate() -> None:
     (figure,) = bench_serving_engine(requests=200)
     assert figure.unit == "requests/s" and figure.better == "higher" and figure.value > 0
-    _check_schema(json.loads(json.dumps(figure.__dict__)))
+    _check_schema(json.loads(json.dumps(figure.to_json())))
 
 
 def test_serve_figures_are_each_answer_beside_its_floors() -> None:
     figures = bench_serve(repeats=1, process_repeats=1)
     for f in figures:
-        _check_schema(json.loads(json.dumps(f.__dict__)))
+        _check_schema(json.loads(json.dumps(f.to_json())))
         assert f.unit == "ms" and f.better == "lower" and f.value > 0
     answers = [f for f in figures if f.name.startswith("rdu predict serve answer")]
     floors = [f for f in figures if f.name.startswith("floor: ")]

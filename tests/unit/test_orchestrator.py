@@ -5,6 +5,8 @@ The tests step the orchestrator: each scheduling round a test needs, it runs
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from rdurack.errors import (
@@ -18,6 +20,7 @@ from rdurack.orchestrator.jobs import IllegalTransition, JobSpec, JobState
 from rdurack.orchestrator.orchestrator import Orchestrator
 from rdurack.orchestrator.results import CoeResult, KernelResult
 from rdurack.orchestrator.store import JobStore
+from rdurack.rack import kernels
 from rdurack.workloads.training.job import TrainingWorkload
 from tests.support.fake_rack import (
     RACK,
@@ -90,6 +93,30 @@ def test_impossible_jobs_are_refused_before_they_are_stored(
     assert orch.jobs() == []
 
 
+def test_a_workload_is_priced_once_to_validate_it_and_a_refused_one_every_time(
+    orch: Orchestrator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    priced: list[str] = []
+    real_step = kernels.step
+
+    def counted_step(model: Any, *args: Any) -> Any:
+        priced.append(model.name)
+        return real_step(model, *args)
+
+    monkeypatch.setattr("rdurack.orchestrator.kinds.kernel.step", counted_step)
+    for _ in range(3):
+        orch.validate(spec())  # the same workload: checked once, then known good
+    assert priced == ["llama2-7b"]
+    for _ in range(2):  # a refused workload is not remembered: it is refused each time
+        with pytest.raises(OutOfMemory):
+            orch.validate(spec(sockets=1, model="llama3.1-405b"))
+    assert priced == ["llama2-7b", "llama3.1-405b", "llama3.1-405b"]
+    # The platform is the spec's, not the workload's: a known-good workload on another
+    # platform is still refused.
+    with pytest.raises(InvalidRequest, match=r"spec\.platform"):
+        orch.validate(spec(platform="dgx-h100"))
+
+
 def test_gang_queueing_never_overcommits(orch: Orchestrator, gateway: FakeGateway) -> None:
     gateway.gate.clear()  # hold every run until the rounds below are done
     jobs = [orch.submit(spec(sockets=8))[0] for _ in range(3)]
@@ -102,6 +129,23 @@ def test_gang_queueing_never_overcommits(orch: Orchestrator, gateway: FakeGatewa
     assert orch.schedule_once() == 1  # their sockets are free again
     assert wait_for(orch, jobs[2].id) is JobState.SUCCEEDED
     assert gateway.max_running <= 2
+
+
+def test_a_passed_over_job_keeps_its_count_across_rounds_until_it_leaves_the_queue(
+    orch: Orchestrator, gateway: FakeGateway
+) -> None:
+    gateway.gate.clear()  # every run held: the sockets stay taken
+    orch.submit(spec(sockets=1))
+    assert orch.schedule_once() == 1
+    wide, _ = orch.submit(spec(sockets=16))  # cannot fit while one socket is taken
+    for n in (1, 2):
+        orch.submit(spec(sockets=1))
+        assert orch.schedule_once() == 1  # the small job behind it starts: overtaken
+        assert orch.scheduler.skips == {wide.id: n}  # its count kept from round to round
+    orch.cancel(wide.id)
+    orch.submit(spec(sockets=1))
+    assert orch.schedule_once() == 1
+    assert orch.scheduler.skips == {}  # it left the queue: its count is forgotten
 
 
 def test_cancel_pending_and_finished(orch: Orchestrator, gateway: FakeGateway) -> None:

@@ -11,6 +11,7 @@ import threading
 import grpc
 import psycopg
 import pytest
+from psycopg_pool import ConnectionPool
 
 from rdurack.api.status import status_of
 from rdurack.errors import InvalidRequest, StoreUnavailable
@@ -113,6 +114,27 @@ def test_connections_the_server_closed_are_replaced(
             assert store.get("j1").id == "j1"
         store.submit("j2", spec())
         assert [j.id for j in store.list()] == ["j1", "j2"]
+
+
+def test_a_connection_with_nothing_from_the_server_is_handed_out_without_asking_it(
+    postgres: PostgresServer, postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    asked: list[object] = []
+    real_check = ConnectionPool.check_connection
+
+    def counted(conn: psycopg.Connection[object]) -> None:
+        asked.append(conn)
+        real_check(conn)
+
+    monkeypatch.setattr(ConnectionPool, "check_connection", staticmethod(counted))
+    with JobStore(postgres_url) as store:
+        store.submit("j1", spec())
+        for _ in range(3):
+            assert store.get("j1").id == "j1"
+        assert asked == []  # no round trip before each call
+        terminate(postgres, postgres_url)  # the server says so on every connection
+        assert store.get("j1").id == "j1"  # on a new connection
+        assert asked  # the ended one was asked, and replaced
 
 
 def test_a_server_that_cannot_be_reached_is_unavailable(

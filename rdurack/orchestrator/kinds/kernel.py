@@ -6,6 +6,7 @@ the report of `rdu predict serve`, made by the same code from the sockets' clock
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 
 from rdurack.errors import InvalidRequest
@@ -20,6 +21,9 @@ from rdurack.workloads.serving.batch import ServeBatch, resolve
 from rdurack.workloads.serving.costs import Cost, segments
 from rdurack.workloads.serving.report import report
 
+# Workloads known to pass `validate`, kept for reuse (a few hundred bytes each).
+VALID_KEPT = 1024
+
 
 class KernelKind:
     """Kernel jobs on the rack of `context`."""
@@ -27,6 +31,13 @@ class KernelKind:
     def __init__(self, context: KindContext) -> None:
         self.context = context
         self.predictor = Predictor(context.platform)
+        # Workloads that passed, oldest first. Whether one passes depends only on it and
+        # on the context (the rack, its models), neither of which changes; pricing its
+        # step to know was the largest part of SubmitJob's own CPU in a profile under a
+        # stream of submissions, which mostly repeat a few workloads
+        # (docs/control-plane.md, "Latency").
+        self._valid: dict[KernelWorkload, None] = {}
+        self._valid_lock = threading.Lock()
 
     def validate(self, spec: JobSpec) -> None:
         """The wrong platform or payload mode, an unknown model, an impossible socket
@@ -40,6 +51,17 @@ class KernelKind:
                 "spec.payload_mode: FUNCTIONAL kernel jobs need models with real weights; "
                 "the presets have none: use TIMING"
             )
+        with self._valid_lock:
+            if w in self._valid:
+                return
+        self._check(spec, w)
+        with self._valid_lock:
+            self._valid[w] = None
+            if len(self._valid) > VALID_KEPT:
+                del self._valid[next(iter(self._valid))]  # the oldest
+
+    def _check(self, spec: JobSpec, w: KernelWorkload) -> None:
+        """What `validate` asks of the spec's workload `w` (raises InvalidRequest)."""
         if w.model not in self.context.models:
             accepted = ", ".join(sorted(self.context.models))
             raise InvalidRequest(

@@ -1,31 +1,46 @@
 """Group commit: many atomic writes on one SQLite connection, one fsync for several.
 
-With `synchronous=FULL` every COMMIT waits for the disk (about 0.5 ms here, more under
-load), and the job store's single connection does one write at a time: a stream of
-submissions and job transitions queued behind each other's fsyncs. Group commit keeps
-every write atomic and still acknowledges none before it is on disk, but lets the writes
-that arrive while a commit is in progress share the next one:
+Every write is fsynced before it is acknowledged, and the job store's single connection
+does one write at a time. Group commit keeps every write atomic and still acknowledges
+none before it is on disk, but lets the writes that arrive while a commit is on its way
+to the disk share the next one:
 
 - A write runs under `lock` inside the connection's open transaction (BEGIN IMMEDIATE,
   opened by the first write of a batch), in a SAVEPOINT of its own: if it raises, only
   its changes are rolled back, and the exception reaches its caller.
-- Then the writer waits until its batch is committed. The first writer to wait while no
-  commit is in progress commits (taking `lock`: the batch is every write made until
-  then); the others wait for it. `write` returns only once the COMMIT that holds its
-  changes has returned, so an acknowledged write is on disk.
-- If that COMMIT fails, every writer of the batch gets the error (none of them is on
-  disk), and the transaction is rolled back.
+- Then the writer waits until its batch is committed and flushed. The first writer to
+  wait while no commit is in progress leads: it COMMITs (taking `lock`: the batch is
+  every write made until then), then fsyncs the WAL file; the others wait for it.
+  `write` returns only once an fsync that began after the COMMIT holding its changes
+  has returned, so an acknowledged write is on disk.
+- The fsync runs outside `lock`. The connection runs with `synchronous=NORMAL` (its
+  COMMIT writes the WAL and does not wait for the disk) and the leader flushes the WAL
+  itself once it has released the lock, so that the next batch's writes run on the
+  connection while the disk works. With `synchronous=FULL` the fsync ran inside COMMIT,
+  under the lock, and every writer queued behind it: that was where SubmitJob's time
+  went under load (docs/control-plane.md, "Latency"). NORMAL alone could lose the last
+  commits in a power cut; none of them is acknowledged before the leader's fsync, and
+  WAL keeps the file consistent either way.
+- If that COMMIT or fsync fails, every writer of the batch gets the error (CommitFailed;
+  after a failed fsync the batch's writes may or may not be on disk: a client retries
+  with its request id, which finds the job if it was kept), and a failed COMMIT's
+  transaction is rolled back.
 
 Readers on the same connection would see writes not yet committed; the job store reads
-through a second connection (WAL: it sees committed data only).
+through a second connection (WAL: it sees committed data only). It may see a batch in
+the moment between its COMMIT and its fsync, before any writer of it is answered: a
+power cut then loses what it saw, but nothing that was acknowledged (a later commit's
+fsync flushes the earlier ones too: the WAL is one file, written in order).
 """
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
+from pathlib import Path
 
 from rdurack.errors import RdurackError
 
@@ -41,10 +56,17 @@ class CommitFailed(RdurackError):
 class GroupCommit:
     """Atomic writes on `db` (autocommit mode, isolation_level=None), several per commit.
 
-    `lock` serializes every use of `db`; a caller that reads on `db` takes it too."""
+    `lock` serializes every use of `db`; a caller that reads on `db` takes it too.
+    `wal` (settable before the first write): the database's WAL file, which the leader
+    fsyncs after each COMMIT, outside the lock, for a connection in WAL mode with
+    `synchronous=NORMAL`; None: the COMMIT syncs by itself (`synchronous=FULL`), or there
+    is nothing to sync (an in-memory database)."""
 
-    def __init__(self, db: sqlite3.Connection, lock: threading.Lock) -> None:
+    def __init__(
+        self, db: sqlite3.Connection, lock: threading.Lock, wal: Path | None = None
+    ) -> None:
         self._db = db
+        self.wal = wal
         self._lock = lock  # guards `db`, `_open` and `_batch`
         self._open = False  # a transaction is open on `db`
         self._batch = 0  # number of the batch the open (or next) transaction is
@@ -90,7 +112,8 @@ class GroupCommit:
         raise error
 
     def _wait(self, batch: int) -> None:
-        """Return once `batch` is committed; raise CommitFailed if its commit failed."""
+        """Return once `batch` is committed and flushed; raise CommitFailed if its
+        commit or flush failed."""
         with self._done:
             while self._settled < batch and self._committing:
                 self._done.wait()
@@ -105,7 +128,8 @@ class GroupCommit:
             raise CommitFailed(f"the job store could not commit: {failure}") from failure
 
     def _commit(self) -> None:
-        """Commit the open transaction (every write so far), as the batch's leader."""
+        """Commit the open transaction (every write so far), as the batch's leader, then
+        flush it to the disk without holding the lock."""
         error: BaseException | None = None
         with self._lock:
             batch = self._batch
@@ -118,6 +142,11 @@ class GroupCommit:
                         self._db.execute("ROLLBACK")
                 finally:
                     self._open = False
+        if error is None and self.wal is not None:
+            try:
+                _fsync(self.wal)
+            except OSError as e:
+                error = e
         with self._done:
             if error is not None:
                 self._failures[batch] = error
@@ -126,3 +155,14 @@ class GroupCommit:
             self._settled = batch
             self._committing = False
             self._done.notify_all()
+
+
+def _fsync(path: Path) -> None:
+    """Flush a file's written data to the disk. Opened for each flush: the file at the
+    path is always the one flushed (fsync flushes the file, whichever descriptor), and
+    no descriptor is held across a checkpoint's reset of the WAL."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

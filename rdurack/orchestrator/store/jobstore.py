@@ -131,13 +131,17 @@ class JobStore:
         return self._load(db, job_id, self._backend.lock_rows)
 
     @staticmethod
-    def _append_event(db: Db, job_id: str, kind: str, payload: str, time_s: float) -> int:
+    def _append_event(
+        db: Db, job_id: str, kind: str, payload: str, time_s: float, seq: int | None = None
+    ) -> int:
         """Append one event (payload already JSON); inside a write that locked the job,
-        so no other writer can take the same next number."""
-        last = db.execute(
-            "SELECT COALESCE(MAX(seq), 0) AS last FROM events WHERE job_id = ?", (job_id,)
-        ).fetchone()["last"]
-        seq = int(last) + 1
+        so no other writer can take the same next number. `seq`: its number when the
+        caller knows it (a job's first event is 1), else the next one."""
+        if seq is None:
+            last = db.execute(
+                "SELECT COALESCE(MAX(seq), 0) AS last FROM events WHERE job_id = ?", (job_id,)
+            ).fetchone()["last"]
+            seq = int(last) + 1
         db.execute(
             "INSERT INTO events (job_id, seq, kind, payload, time_s) VALUES (?, ?, ?, ?, ?)",
             (job_id, seq, kind, payload, time_s),
@@ -210,8 +214,6 @@ class JobStore:
                                 "id for a new job"
                             )
                         return existing, False  # a retried request: the job it already made
-                if db.execute("SELECT 1 FROM jobs WHERE id = ?", (job_id,)).fetchone():
-                    raise InvalidRequest(f"job id {job_id!r} is already in the store")
                 seq = int(db.execute(self._backend.next_seq).fetchone()["seq"])
                 job = Job(
                     id=job_id,
@@ -222,10 +224,14 @@ class JobStore:
                 )
                 if insert_job(db, job):
                     first = json.dumps({"state": job.state.value})
-                    self._append_event(db, job.id, "state", first, job.created_s)
+                    self._append_event(db, job.id, "state", first, job.created_s, seq=1)
                     return job, True
-                # A concurrent submission (PostgreSQL: another connection or replica)
-                # took the id or the request id, and has committed: read again.
+                # Its id was taken (asked only now: a submission's round trips are its
+                # latency on PostgreSQL), or a concurrent submission (PostgreSQL:
+                # another connection or replica) took the request id, and has
+                # committed: read again.
+                if db.execute("SELECT 1 FROM jobs WHERE id = ?", (job_id,)).fetchone():
+                    raise InvalidRequest(f"job id {job_id!r} is already in the store")
         raise RdurackError(f"job {job_id!r}: its submission kept colliding; submit it again")
 
     def get(self, job_id: str) -> Job:

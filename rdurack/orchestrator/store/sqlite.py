@@ -82,18 +82,24 @@ class SqliteBackend:
                 self._reader.close()
 
     def _open_schema(self, in_memory: bool) -> None:
-        """Make the writer ready: WAL and full sync, the schema created or migrated to
+        """Make the writer ready: WAL and its flushes, the schema created or migrated to
         SCHEMA_VERSION in one write, foreign keys enforced."""
         db = self._db
-        if not in_memory:
-            # WAL: readers never block the writer, and a commit is one append to the log
-            # rather than a rewrite of the pages. (In-memory databases have no WAL.)
-            db.execute("PRAGMA journal_mode=WAL")
-        # FULL: each commit is fsynced before it returns. The orchestrator acknowledges a
-        # submission or a state change only after the commit, so an acknowledged job
-        # survives a crash or a power cut; with WAL's usual NORMAL the last commits could
-        # be lost on power failure even though the client was told they were stored.
-        db.execute("PRAGMA synchronous=FULL")
+        wal = None
+        # WAL: readers never block the writer, and a commit is one append to the log
+        # rather than a rewrite of the pages. (In-memory databases have no WAL; a file
+        # system that cannot share memory keeps the rollback journal.)
+        if not in_memory and db.execute("PRAGMA journal_mode=WAL").fetchone()[0] == "wal":
+            wal = Path(f"{self.location}-wal")
+        # Every commit is on disk before its write returns: the orchestrator acknowledges
+        # a submission or a state change only after that, so an acknowledged job survives
+        # a crash or a power cut. In WAL mode the group commit fsyncs the WAL after each
+        # COMMIT itself, outside its lock (group_commit.py), so the COMMIT need not:
+        # NORMAL, which keeps the file consistent and put only the last commits at risk,
+        # none of which is acknowledged before that fsync. Otherwise FULL: each COMMIT
+        # syncs.
+        db.execute(f"PRAGMA synchronous={'FULL' if wal is None else 'NORMAL'}")
+        self._commits.wal = wal
         # Foreign keys are off (SQLite's default) while the schema is made or migrated:
         # a migration drops and recreates the jobs table that events refer to. They are
         # checked before the migration commits, and enforced from then on.

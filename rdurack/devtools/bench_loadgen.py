@@ -1,0 +1,244 @@
+"""The SubmitJob and WatchJob load of `make bench`, as a process of its own.
+
+`python -m rdurack.devtools.bench_loadgen MODE --address HOST:PORT [...]` puts one load on
+a JobService (the orchestrator's, or the bare floor server's: bench_floor.py) and prints
+one JSON line: what it measured (`Outcome`). bench_submit.py starts it, once per load
+and server, so that the load comes from another process than the server's (as a user's
+client would), the same code for the product and its floor, and none of the bench's own
+threads (Ray's, the rack's clients) share its interpreter.
+
+It is asyncio (grpc.aio): one thread drives every client, so 50 clients cost the load
+generator little CPU and no GIL contention of its own.
+
+- `open`: CLIENTS clients, each with its own connected channel, each sending SubmitJob on
+  its own Poisson schedule (seeded), `rate` calls/s in all, for `seconds`. A call's
+  latency runs from its scheduled send time, not from when it was sent, so a client
+  made late by a slow server counts its wait (no coordinated omission).
+- `sustained`: `in_flight` calls always outstanding over CHANNELS channels (closed
+  loop: each call sends the next when it answers), for `seconds`; the figure is calls
+  answered per second, what the server sustains.
+- `watch`: the same Poisson schedule, each event opening a WatchJob stream on one of
+  `jobs` jobs submitted beforehand (not timed), and reading its first event; the
+  latency runs from the scheduled time to that event. Then the stream is cancelled.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass, field
+
+import grpc
+from grpc import aio
+
+from rdurack.v1 import common_pb2, job_pb2
+
+CLIENTS = 50
+CHANNELS = 16
+CONNECT_TIMEOUT_S = 30.0
+RPC_TIMEOUT_S = 10.0
+SUBMIT = "/rdurack.v1.JobService/SubmitJob"
+WATCH = "/rdurack.v1.JobService/WatchJob"
+
+
+def small_job(name: str, priority: int = 0) -> job_pb2.SubmitJobRequest:
+    """The benchmarks' small job: a 1-socket llama2-7b prefill of 128 tokens."""
+    return job_pb2.SubmitJobRequest(
+        spec=job_pb2.JobSpec(
+            name=name,
+            priority=priority,
+            kernel=job_pb2.KernelJob(
+                model="llama2-7b",
+                phase=common_pb2.PHASE_PREFILL,
+                sequence_length=128,
+                batch_size=1,
+                num_sockets=1,
+            ),
+        )
+    )
+
+
+@dataclass
+class Outcome:
+    """What one load measured. `latencies_ms`: one per call or stream (open, watch),
+    whether it failed or not; `calls`: calls answered without error; `elapsed_s`: wall
+    seconds from the start of the load to its last answer."""
+
+    mode: str
+    calls: int = 0
+    errors: int = 0
+    first_error: str = ""
+    elapsed_s: float = 0.0
+    latencies_ms: list[float] = field(default_factory=list)
+
+    def failed(self, error: BaseException) -> None:
+        self.errors += 1
+        if not self.first_error:
+            code = error.code().name if isinstance(error, aio.AioRpcError) else ""
+            self.first_error = f"{code} {error}".strip()[:500]
+
+
+class _Client:
+    """One connected channel and the two methods the load calls on it."""
+
+    def __init__(self, address: str) -> None:
+        self.channel = aio.insecure_channel(address)
+        self.submit = self.channel.unary_unary(
+            SUBMIT,
+            request_serializer=job_pb2.SubmitJobRequest.SerializeToString,
+            response_deserializer=job_pb2.SubmitJobResponse.FromString,
+        )
+        self.watch = self.channel.unary_stream(
+            WATCH,
+            request_serializer=job_pb2.WatchJobRequest.SerializeToString,
+            response_deserializer=job_pb2.JobEvent.FromString,
+        )
+
+    async def ready(self) -> None:
+        await asyncio.wait_for(self.channel.channel_ready(), CONNECT_TIMEOUT_S)
+
+
+async def _clients(address: str, count: int) -> list[_Client]:
+    clients = [_Client(address) for _ in range(count)]
+    await asyncio.gather(*(c.ready() for c in clients))
+    # One call each before the clock starts: the server's first call on a connection
+    # (its handler's first run, the HTTP/2 stream set-up) is not what is measured.
+    await asyncio.gather(
+        *(c.submit(small_job(f"warm-up {i}"), timeout=RPC_TIMEOUT_S) for i, c in enumerate(clients))
+    )
+    return clients
+
+
+async def _poisson(
+    clients: list[_Client],
+    rate: float,
+    seconds: float,
+    seed: int,
+    out: Outcome,
+    call: Callable[[_Client, int, int], Awaitable[None]],
+) -> None:
+    """Each client calls `call(client, i, n)` on its own Poisson schedule, rate / len
+    in all; the latency of each runs from its scheduled time to `call`'s end."""
+    per_client = rate / len(clients)
+    t0 = time.perf_counter()
+
+    async def client(i: int, c: _Client) -> None:
+        rng = random.Random(seed + i)
+        due = rng.expovariate(per_client)
+        n = 0
+        pending: set[asyncio.Task[None]] = set()
+        while due < seconds:
+            wait = t0 + due - time.perf_counter()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            # Each call on its own task: a slow answer must not delay the next send,
+            # which is the client's own schedule (an open loop).
+            task = asyncio.create_task(_timed(call(c, i, n), t0 + due, out))
+            pending.add(task)
+            task.add_done_callback(pending.discard)
+            due += rng.expovariate(per_client)
+            n += 1
+        if pending:
+            await asyncio.gather(*pending)
+
+    await asyncio.gather(*(client(i, c) for i, c in enumerate(clients)))
+    out.elapsed_s = time.perf_counter() - t0
+
+
+async def _timed(call: Awaitable[None], scheduled: float, out: Outcome) -> None:
+    try:
+        await call
+        out.calls += 1
+    except (TimeoutError, grpc.RpcError) as e:
+        out.failed(e)
+    out.latencies_ms.append(1e3 * (time.perf_counter() - scheduled))
+
+
+async def open_loop(address: str, rate: float, seconds: float, seed: int) -> Outcome:
+    out = Outcome("open")
+    clients = await _clients(address, CLIENTS)
+
+    async def submit(c: _Client, i: int, n: int) -> None:
+        await c.submit(small_job(f"open {i} #{n}"), timeout=RPC_TIMEOUT_S)
+
+    await _poisson(clients, rate, seconds, seed, out, submit)
+    await asyncio.gather(*(c.channel.close() for c in clients))
+    return out
+
+
+async def watch_loop(address: str, rate: float, seconds: float, seed: int, jobs: int) -> Outcome:
+    out = Outcome("watch")
+    clients = await _clients(address, CLIENTS)
+    answers = await asyncio.gather(
+        *(
+            clients[j % CLIENTS].submit(small_job(f"watched {j}"), timeout=RPC_TIMEOUT_S)
+            for j in range(jobs)
+        )
+    )
+    ids = [a.job.id for a in answers]
+
+    async def first_event(c: _Client, i: int, n: int) -> None:
+        stream = c.watch(job_pb2.WatchJobRequest(job_id=ids[(i + n * CLIENTS) % len(ids)]))
+        try:
+            async for _ in stream:
+                return
+            raise grpc.RpcError("the stream ended without an event")
+        finally:
+            stream.cancel()
+
+    await _poisson(clients, rate, seconds, seed, out, first_event)
+    await asyncio.gather(*(c.channel.close() for c in clients))
+    return out
+
+
+async def sustained(address: str, in_flight: int, seconds: float) -> Outcome:
+    out = Outcome("sustained")
+    clients = await _clients(address, CHANNELS)
+    t0 = time.perf_counter()
+    end = t0 + seconds
+
+    async def loop(k: int) -> None:
+        c = clients[k % len(clients)]
+        n = 0
+        while time.perf_counter() < end:
+            try:
+                await c.submit(small_job(f"sustained {k} #{n}"), timeout=RPC_TIMEOUT_S)
+            except grpc.RpcError as e:
+                out.failed(e)
+                return
+            out.calls += 1
+            n += 1
+
+    await asyncio.gather(*(loop(k) for k in range(in_flight)))
+    out.elapsed_s = time.perf_counter() - t0
+    await asyncio.gather(*(c.channel.close() for c in clients))
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("mode", choices=("open", "sustained", "watch"))
+    parser.add_argument("--address", required=True)
+    parser.add_argument("--rate", type=float, default=200.0, help="calls/s offered (open, watch)")
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--seed", type=int, default=1000)
+    parser.add_argument("--in-flight", type=int, default=64, help="calls outstanding (sustained)")
+    parser.add_argument("--jobs", type=int, default=200, help="jobs to watch (watch)")
+    a = parser.parse_args(argv)
+    if a.mode == "open":
+        run = open_loop(a.address, a.rate, a.seconds, a.seed)
+    elif a.mode == "watch":
+        run = watch_loop(a.address, a.rate, a.seconds, a.seed, a.jobs)
+    else:
+        run = sustained(a.address, a.in_flight, a.seconds)
+    print(json.dumps(asdict(asyncio.run(run))), flush=True)
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,121 @@
+"""The floors of the data plane's figures (bench_rack.py), measured in the same run, on
+the same Ray, with bare processes (bench_bare.py):
+
+- bring-up: Ray started as the rack starts it (`start_ray`), 16 bare actors
+  (num_cpus=0) each answering once, and two bare gRPC servers (the node agents'): the
+  processes and servers the rack needs, with nothing of a socket in them;
+- link throughput: the same bytes, in the link's chunks, streamed from one bare actor
+  to another over one gRPC client stream (no header, no checks, no tracing, no
+  emulated time), timed from this process's call to the sender until it answers;
+- functional all-reduce: a ring of 16 bare actors moving the same segments over one
+  gRPC client stream to the next member each, adding with numpy.
+
+Each is timed as its figure is, the two taking turns (`alternate`: the medians of RUNS
+after a warm-up).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from concurrent import futures
+from typing import Any
+
+import grpc
+import ray
+
+from rdurack.devtools.bench_bare import BareActor, MemberActor
+from rdurack.errors import RdurackError
+from rdurack.node_agent.actors import start_ray
+
+RUNS = 3
+ACTORS = 16  # the rack's sockets
+SERVERS = 2  # the rack's node agents
+
+
+def median_s(run: Callable[[], float], runs: int = RUNS) -> float:
+    """The median of `runs` calls of `run` (each returns its seconds), after one more
+    as a warm-up (first connections, first buffers)."""
+    run()
+    return statistics.median(run() for _ in range(runs))
+
+
+def alternate(
+    product: Callable[[], float], floor: Callable[[], float], runs: int = RUNS
+) -> tuple[float, float]:
+    """The medians of `runs` calls of each (seconds), after a warm-up of each, the two
+    taking turns: a moment of load on the shared machine falls on both alike."""
+    product()
+    floor()
+    times: tuple[list[float], list[float]] = ([], [])
+    for _ in range(runs):
+        times[0].append(product())
+        times[1].append(floor())
+    return statistics.median(times[0]), statistics.median(times[1])
+
+
+def bring_up_s() -> float:
+    """Wall seconds from nothing to Ray, 16 bare actors and two bare gRPC servers up.
+    Starts and stops its own Ray: call it while none runs."""
+    started = time.monotonic()
+    start_ray()
+    actors = [BareActor.remote() for _ in range(ACTORS)]
+    ray.get([a.ready.remote() for a in actors])
+    servers = []
+    for _ in range(SERVERS):
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+        server.add_insecure_port("127.0.0.1:0")
+        server.start()
+        servers.append(server)
+    took = time.monotonic() - started
+    for server in servers:
+        server.stop(0)
+    ray.shutdown()
+    return took
+
+
+@contextlib.contextmanager
+def _members(count: int, payload_bytes: int) -> Iterator[list[Any]]:
+    """`count` bare members, each connected to the next (a ring; two: a pair), on the
+    Ray this process has joined; killed after the block."""
+    members = [MemberActor.remote(payload_bytes) for _ in range(count)]
+    try:
+        addresses = ray.get([m.address.remote() for m in members])
+        ray.get([m.connect.remote(addresses[(i + 1) % count]) for i, m in enumerate(members)])
+        yield members
+    finally:
+        for m in members:
+            ray.kill(m)
+
+
+@contextlib.contextmanager
+def link(nbytes: int) -> Iterator[Callable[[], float]]:
+    """A run of the link's floor: wall seconds to stream `nbytes` from one bare actor to
+    another."""
+    with _members(2, nbytes) as (sender, _):
+
+        def run() -> float:
+            t = time.perf_counter()
+            ray.get(sender.send.remote(nbytes))
+            return time.perf_counter() - t
+
+        yield run
+
+
+@contextlib.contextmanager
+def ring(elements: int, size: int = ACTORS) -> Iterator[Callable[[], float]]:
+    """A run of the all-reduce's floor: wall seconds of a ring all-reduce of `elements`
+    float32 over `size` bare actors."""
+    with _members(size, 0) as members:
+
+        def run() -> float:
+            t = time.perf_counter()
+            sums = ray.get([m.all_reduce.remote(i, size, elements) for i, m in enumerate(members)])
+            took = time.perf_counter() - t
+            if sums != [float(size)] * size:  # a ring that moved the wrong bytes
+                raise RdurackError(f"the bare ring all-reduced to {sums}, not {size}")
+            return took
+
+        yield run

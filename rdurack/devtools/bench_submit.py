@@ -1,0 +1,236 @@
+"""SubmitJob and WatchJob on each job store, each figure beside its floor in the same run.
+
+For each store (SQLite, then PostgreSQL on a throwaway server: devtools/postgres.py),
+two servers, each on a new store of that kind and in processes of its own
+(bench_servers.py):
+- the product: a rack brought up as `rdu up` does, its orchestrator on that store;
+- the floor: the bare grpcio server of bench_floor.py, making the same durable write
+  (the same store class, committed and flushed before the answer) and nothing else.
+Every load comes from the load generator (bench_loadgen.py), a process of its own, with
+the same arguments for both servers, the floor's just before the product's, the whole
+sequence ROUNDS times over; a figure is the median over the rounds of each round's
+percentile or rate, so that both meet the machine as it is and a burst of load from
+elsewhere that hits one round moves it little.
+
+While the figures with targets are measured, the rack's 16 sockets are held by two
+endpoint jobs (bench_servers.held): what is submitted queues, and the rack runs
+nothing. What is measured is then the control plane, admission to answer: the
+orchestrator's gRPC server, tracing, checks, validation, the durable write, waking the
+scheduler and the watchers. The loads, in order:
+1. open: 50 clients offering RATE SubmitJob calls/s in all for OPEN_S seconds a round
+   (open loop: a call's latency runs from its scheduled time);
+2. watch: WatchJob streams opened at WATCH_RATE/s for WATCH_S seconds a round, each on
+   one of the jobs submitted just before, timed from its scheduled time to its first
+   event;
+3. sustained: IN_FLIGHT SubmitJob calls kept outstanding for SUSTAIN_S a round (closed
+   loop).
+Then the holds are cancelled and the rack runs the thousands of jobs it was given, and
+the open load runs RUNNING_ROUNDS more times on the product: SubmitJob while the rack's
+own work (the node agents and 16 socket actors running jobs, on the same two cores as
+the orchestrator and the load generator) goes on; beside the same floor, no target.
+
+Targets: p99 at most P99_RATIO x its floor's, and P99_MS absolute beside it (WatchJob's
+first event: the same two); calls/s sustained at least SUSTAINED_PER_S (its floor's
+printed beside it); no call failed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+from rdurack import RAY_ENVIRONMENT
+from rdurack.devtools.bench_figure import BenchFigure
+from rdurack.devtools.bench_loadgen import Outcome
+from rdurack.devtools.bench_servers import (
+    floor_server,
+    held,
+    pg_password,
+    rack,
+    without_password,
+)
+from rdurack.devtools.postgres import PostgresServer
+from rdurack.errors import RdurackError
+
+RATE = 200.0  # SubmitJob calls/s offered, in all
+# Each load runs this many times on each server, taking turns (measure); a figure is the
+# median over the rounds of each round's percentile or rate: a burst of load from
+# elsewhere that hits one round moves it little. With the rounds' samples merged into
+# one p99 instead, two runs' p99 ratios were up to 2x apart.
+ROUNDS = 4
+RUNNING_ROUNDS = 2  # of the open load while the rack runs its queue (no target)
+OPEN_S = 4.0  # seconds of each load, each round
+WATCH_RATE = 100.0  # WatchJob streams opened per second
+WATCH_S = 4.0
+SUSTAIN_S = 2.0
+IN_FLIGHT = 64
+P99_RATIO = 3.0  # the issue's: p99 at most 3x the floor's
+P99_MS = 25.0  # ... and at most 25 ms
+SUSTAINED_PER_S = 1000.0
+LOAD_TIMEOUT_S = 180.0
+LOADS = {
+    "open": ("--rate", f"{RATE:g}", "--seconds", f"{OPEN_S:g}"),
+    "watch": ("--rate", f"{WATCH_RATE:g}", "--seconds", f"{WATCH_S:g}"),
+    "sustained": ("--in-flight", str(IN_FLIGHT), "--seconds", f"{SUSTAIN_S:g}"),
+}
+
+
+def quantile(values_ms: list[float], q: int) -> float:
+    """The q-th percentile (1..99) of at least two values."""
+    if len(values_ms) < 2:
+        raise RdurackError(f"too few calls to take a percentile of ({len(values_ms)})")
+    return statistics.quantiles(values_ms, n=100)[q - 1]
+
+
+def rate(outcome: Outcome) -> float:
+    """Calls answered per second of a load."""
+    return outcome.calls / outcome.elapsed_s
+
+
+def load(mode: str, address: str, seed: int = 1000) -> Outcome:
+    """One load of LOADS on the server at `address`, from bench_loadgen.py in its own
+    process (`seed`: its clients' schedules)."""
+    command = [sys.executable, "-m", "rdurack.devtools.bench_loadgen", mode]
+    done = subprocess.run(
+        [*command, "--address", address, "--seed", str(seed), *LOADS[mode]],
+        capture_output=True,
+        text=True,
+        timeout=LOAD_TIMEOUT_S,
+        env={**os.environ, **RAY_ENVIRONMENT},
+        check=False,
+    )
+    if done.returncode != 0:
+        raise RdurackError(f"the load generator ({mode}) failed: {done.stderr[-2000:]}")
+    return Outcome(**json.loads(done.stdout.splitlines()[-1]))
+
+
+def median_of_rounds(rounds: list[Outcome], measure: Callable[[Outcome], float]) -> float:
+    """The median over the rounds of `measure` of each round (a percentile, a rate)."""
+    return statistics.median(measure(o) for o in rounds)
+
+
+def p(q: int) -> Callable[[Outcome], float]:
+    """The q-th percentile of a round's latencies (ms)."""
+    return lambda o: quantile(o.latencies_ms, q)
+
+
+Rounds = dict[str, list[Outcome]]  # each load's rounds, by load
+
+
+def measure(floor: str, product: str) -> tuple[Rounds, Rounds]:
+    """Every load of LOADS on the floor at `floor`, then at once on the product at
+    `product`, ROUNDS times over, the same schedules for both in each round: (the
+    floor's rounds, the product's), by load. Taking turns this way, a moment of load
+    from elsewhere on the machine falls on both alike."""
+    runs: tuple[Rounds, Rounds] = ({}, {})
+    for r in range(ROUNDS):
+        for mode in LOADS:
+            for server, out in zip((floor, product), runs, strict=True):
+                out.setdefault(mode, []).append(load(mode, server, seed=1000 + 100 * r))
+    return runs
+
+
+def figures(
+    store: str, floor: Rounds, product: Rounds, running: list[Outcome]
+) -> list[BenchFigure]:
+    """The figures of one store (module docstring); `running`: the rounds of the open
+    load on the rack running its queue. Each is the median over its rounds."""
+    failed = [o for rounds in floor.values() for o in rounds if o.errors]
+    if failed:
+        raise RdurackError(f"the floor server failed calls: {failed[0].first_error}")
+    at = f"{RATE:g} calls/s offered, {store}"
+    watch = f"WatchJob first event p99, {WATCH_RATE:g} streams/s opened, {store}"
+    sustained = f"SubmitJob calls/s sustained, {IN_FLIGHT} in flight, {store}"
+    busy = f"{at}, the rack running its queue"
+    p99 = median_of_rounds(product["open"], p(99))
+    watch_p99 = median_of_rounds(product["watch"], p(99))
+    served = median_of_rounds(product["sustained"], rate)
+    errors = sum(o.errors for rounds in [*product.values(), running] for o in rounds)
+    return [
+        BenchFigure(
+            f"SubmitJob latency p50, {at}",
+            median_of_rounds(product["open"], p(50)),
+            "ms",
+            None,
+            "lower",
+            floor=median_of_rounds(floor["open"], p(50)),
+        ),
+        BenchFigure(
+            f"SubmitJob latency p99, {at}",
+            p99,
+            "ms",
+            P99_RATIO,
+            "lower",
+            floor=median_of_rounds(floor["open"], p(99)),
+        ),
+        BenchFigure(f"SubmitJob latency p99, {at}: absolute", p99, "ms", P99_MS, "lower"),
+        BenchFigure(
+            watch,
+            watch_p99,
+            "ms",
+            P99_RATIO,
+            "lower",
+            floor=median_of_rounds(floor["watch"], p(99)),
+        ),
+        BenchFigure(f"{watch}: absolute", watch_p99, "ms", P99_MS, "lower"),
+        BenchFigure(
+            sustained,
+            served,
+            "calls/s",
+            None,
+            "higher",
+            floor=median_of_rounds(floor["sustained"], rate),
+        ),
+        BenchFigure(f"{sustained}: absolute", served, "calls/s", SUSTAINED_PER_S, "higher"),
+        BenchFigure(
+            f"SubmitJob latency p50, {busy}",
+            median_of_rounds(running, p(50)),
+            "ms",
+            None,
+            "lower",
+            floor=median_of_rounds(floor["open"], p(50)),
+        ),
+        BenchFigure(
+            f"SubmitJob latency p99, {busy}",
+            median_of_rounds(running, p(99)),
+            "ms",
+            None,
+            "lower",
+            floor=median_of_rounds(floor["open"], p(99)),
+        ),
+        BenchFigure(f"calls failed in these loads, {store}", errors, "calls", 0, "lower"),
+    ]
+
+
+def _one_store(name: str, product_store: str, floor_store: str, root: Path) -> list[BenchFigure]:
+    """The figures of one store: the rack on `product_store`, the floor on
+    `floor_store` (module docstring)."""
+    logs = root / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    with rack(root / name, product_store) as orchestrator, floor_server(floor_store, logs) as floor:
+        with held(orchestrator):
+            floors, products = measure(floor, orchestrator)
+        running = [load("open", orchestrator, 1000 + 100 * r) for r in range(RUNNING_ROUNDS)]
+    return figures(name, floors, products, running)
+
+
+def bench_submit() -> list[BenchFigure]:
+    with tempfile.TemporaryDirectory(prefix="rdurack-bench-submit-") as tmp:
+        root = Path(tmp)
+        # SQLite: the rack's default store (STATE_DIR/jobs.sqlite), the floor's its own.
+        out = _one_store("SQLite", "", str(root / "floor.sqlite"), root)
+        with (
+            PostgresServer.started() as server,
+            pg_password(server.password),
+            server.database() as product,
+            server.database() as floor,
+        ):
+            urls = without_password(product), without_password(floor)
+            out += _one_store("PostgreSQL", *urls, root)
+        return out

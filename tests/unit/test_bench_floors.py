@@ -1,0 +1,163 @@
+"""What `make bench` measures its figures' floors with, run for real on a small scale:
+the bare SubmitJob server and the load generator (their calls, their outcomes), the bare
+gRPC members of the data plane's floors (the bytes they move, the sums they compute),
+and how the SubmitJob figures are made from what the loads measured. Nothing here is
+timed against a bound: the targets are `make bench`'s."""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from rdurack.devtools import bench_submit
+from rdurack.devtools.bench_bare import Member
+from rdurack.devtools.bench_floor import serve
+from rdurack.devtools.bench_loadgen import CLIENTS, Outcome, open_loop, sustained, watch_loop
+from rdurack.devtools.bench_rack_floors import alternate
+from rdurack.devtools.bench_servers import without_password
+from rdurack.errors import RdurackError
+from rdurack.orchestrator.jobs import JobState
+from rdurack.orchestrator.store import JobStore
+
+
+@pytest.fixture
+def floor(tmp_path: Path) -> Iterator[tuple[str, JobStore]]:
+    """The bare floor server on a SQLite store of its own: its address and the store."""
+    with JobStore(tmp_path / "floor.sqlite") as store:
+        server, address = serve(store)
+        try:
+            yield address, store
+        finally:
+            server.stop(0).wait()
+
+
+def test_the_floor_stores_each_submission_durably_and_streams_its_events(
+    floor: tuple[str, JobStore],
+) -> None:
+    address, store = floor
+    opened = asyncio.run(open_loop(address, rate=100.0, seconds=0.3, seed=1))
+    assert opened.errors == 0 and opened.calls > 0
+    assert len(opened.latencies_ms) == opened.calls  # one latency per call sent
+    assert all(ms >= 0 for ms in opened.latencies_ms)
+    # Every call answered is a PENDING job in the store (with the clients' warm-ups).
+    jobs = store.list()
+    assert len(jobs) == opened.calls + CLIENTS
+    assert {j.state for j in jobs} == {JobState.PENDING}
+    watched = asyncio.run(watch_loop(address, rate=100.0, seconds=0.2, seed=1, jobs=3))
+    assert watched.errors == 0 and watched.calls == len(watched.latencies_ms) > 0
+    held = asyncio.run(sustained(address, in_flight=4, seconds=0.2))
+    assert held.errors == 0 and held.calls > 0 and held.elapsed_s > 0
+    assert not held.latencies_ms  # a closed loop counts calls, it does not time them
+
+
+def test_an_outcome_counts_its_errors_and_keeps_the_first() -> None:
+    out = Outcome("open")
+    out.failed(RuntimeError("refused"))
+    out.failed(RuntimeError("refused again"))
+    assert out.errors == 2 and out.first_error == "refused"
+
+
+def _members(count: int, payload_bytes: int) -> list[Member]:
+    members = [Member(payload_bytes) for _ in range(count)]
+    for i, m in enumerate(members):
+        m.connect(members[(i + 1) % count].address())
+    return members
+
+
+def test_a_bare_link_moves_every_byte_in_chunks() -> None:
+    nbytes = (2 << 20) + 12  # two whole chunks and a piece of a third
+    sender, receiver = _members(2, nbytes)
+    assert sender.send(nbytes) == nbytes
+    got = receiver._received.view(np.float32)[: nbytes // 4]
+    assert np.array_equal(got, np.ones(nbytes // 4, dtype=np.float32))
+
+
+def test_a_bare_ring_all_reduces() -> None:
+    size, elements = 4, 1001  # segments of unequal lengths
+    members = _members(size, 0)
+    sums: list[float] = [0.0] * size
+
+    def rank(i: int) -> None:
+        sums[i] = members[i].all_reduce(i, size, elements)
+
+    threads = [threading.Thread(target=rank, args=(i,)) for i in range(size)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert sums == [float(size)] * size
+
+
+def test_a_figure_and_its_floor_take_turns_and_each_keeps_its_median() -> None:
+    calls: list[str] = []
+
+    def timed(name: str, seconds: list[float]) -> Callable[[], float]:
+        left = iter(seconds)
+
+        def run() -> float:
+            calls.append(name)
+            return next(left)
+
+        return run
+
+    product = timed("product", [9.0, 3.0, 1.0, 2.0])  # a warm-up, then three runs
+    floor = timed("floor", [9.0, 0.5, 0.7, 0.6])
+    assert alternate(product, floor, runs=3) == (2.0, 0.6)
+    assert calls == ["product", "floor"] * 4
+
+
+def _outcome(
+    mode: str, latencies_ms: list[float], calls: int = 0, elapsed_s: float = 0.0
+) -> Outcome:
+    """What a load measured: its latencies (one per call) or its calls over its time."""
+    return Outcome(mode, calls or len(latencies_ms), 0, "", elapsed_s or 1.0, latencies_ms)
+
+
+def test_the_submit_figures_are_the_loads_percentiles_beside_the_floors() -> None:
+    fast = [float(ms) for ms in range(1, 101)]  # 1..100 ms
+    slow = [2 * ms for ms in fast]
+    burst = [50 * ms for ms in fast]  # one round hit by load from elsewhere
+
+    def rounds(mode: str, *latencies: list[float]) -> list[Outcome]:
+        return [_outcome(mode, ms) for ms in latencies]
+
+    floor = {"open": rounds("open", fast, fast, fast), "watch": rounds("watch", fast),
+             "sustained": [_outcome("sustained", [], calls=2000, elapsed_s=2.0)]}  # fmt: skip
+    product = {"open": rounds("open", slow, burst, slow), "watch": rounds("watch", fast),
+               "sustained": [_outcome("sustained", [], calls=c, elapsed_s=2.0)
+                             for c in (1200, 100, 1300)]}  # fmt: skip
+    running = rounds("open", [10 * ms for ms in fast], [12 * ms for ms in fast])
+    figures = {f.name: f for f in bench_submit.figures("S", floor, product, running)}
+    p99 = statistics.quantiles(fast, n=100)[98]
+    at = "200 calls/s offered, S"
+    latency = figures[f"SubmitJob latency p99, {at}"]  # the median round: the burst is out
+    assert (latency.value, latency.floor, latency.ratio) == pytest.approx((2 * p99, p99, 2.0))
+    assert latency.target == 3.0 and latency.met is True
+    absolute = figures[f"SubmitJob latency p99, {at}: absolute"]
+    assert absolute.floor is None and absolute.value == latency.value and absolute.target == 25.0
+    rate = figures["SubmitJob calls/s sustained, 64 in flight, S"]
+    assert (rate.value, rate.floor, rate.ratio, rate.target) == (600.0, 1000.0, 0.6, None)
+    assert figures["SubmitJob calls/s sustained, 64 in flight, S: absolute"].met is False
+    busy = figures[f"SubmitJob latency p99, {at}, the rack running its queue"]
+    assert busy.ratio == pytest.approx(11.0) and busy.target is None  # (10 + 12) / 2
+    assert figures["calls failed in these loads, S"].value == 0
+
+
+def test_a_floor_that_failed_calls_fails_the_benchmark() -> None:
+    broken = _outcome("open", [1.0, 2.0])
+    broken.failed(RuntimeError("UNAVAILABLE"))
+    fine = {m: [_outcome(m, [1.0, 2.0])] for m in ("open", "watch", "sustained")}
+    with pytest.raises(RdurackError, match="UNAVAILABLE"):
+        bench_submit.figures("S", {**fine, "open": [broken]}, fine, fine["open"])
+
+
+def test_a_url_loses_its_password_and_keeps_the_rest() -> None:
+    url = "postgresql://postgres:s3cret@127.0.0.1:5432/t_abc"
+    assert without_password(url) == "postgresql://postgres@127.0.0.1:5432/t_abc"
+    assert without_password("postgresql://u@h/db") == "postgresql://u@h/db"
