@@ -16,6 +16,7 @@ from pathlib import Path
 import kubernetes_validate
 import pytest
 
+from rdurack.devtools.postgres import program
 from tests.support.manifests import (
     OVERLAYS,
     ROOT,
@@ -30,7 +31,6 @@ from tests.support.manifests import (
     workloads,
 )
 from tests.support.orchestrator_pod import orchestrator, settings, variables
-from tests.support.postgres import program
 
 HA = "rack16"  # the overlay that lists the component
 SECRET = "rdurack-postgres"

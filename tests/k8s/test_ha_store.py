@@ -15,12 +15,12 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from rdurack.devtools.postgres import PostgresServer, program
 from rdurack.errors import InvalidRequest
 from rdurack.orchestrator.store import JobStore
 from tests.support.manifests import Obj, find
 from tests.support.orchestrator_pod import orchestrator, pod_env, settings, variables
 from tests.support.ports import free_port
-from tests.support.postgres import PostgresServer, program
 
 HA = "rack16"  # the overlay that lists the component
 SECRET = "rdurack-postgres"

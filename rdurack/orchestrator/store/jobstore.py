@@ -2,8 +2,8 @@
 
 A job is written, and the write is durable, before the orchestrator acknowledges it; a
 restarted orchestrator, or a replica that takes over as leader, opens the same store,
-calls `recover()` and carries on with every job it had. Every write is atomic, so a job row and the event that records its change
-are both written or neither is.
+calls `recover()` and carries on with every job it had. Every write is atomic, so a job
+row and the event that records its change are both written or neither is.
 
 This is the store's one logic, and its SQL, for both databases; what differs between
 them (connections, commits, concurrent writers, the schema's opening) is a Backend
