@@ -28,6 +28,7 @@ from tests.support.control import (
     wait_terminal,
     watch,
 )
+from tests.support.fake_rack import until
 from tests.support.orchestrators import Process, restart_specs
 
 pytestmark = pytest.mark.integration
@@ -122,13 +123,6 @@ def test_killed_orchestrator_restarts_and_finishes_every_job(
         release_held(rack, ids)
 
 
-def _until(condition: object, what: str, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():  # type: ignore[operator]
-        assert time.monotonic() < deadline, f"{what}: not within {timeout_s:g} s"
-        time.sleep(0.02)
-
-
 def test_the_leader_killed_mid_run_is_taken_over_and_nothing_is_lost_or_run_twice(
     rack: list[ServedAgent], tmp_path: Path, postgres_url: str
 ) -> None:
@@ -149,9 +143,10 @@ def test_the_leader_killed_mid_run_is_taken_over_and_nothing_is_lost_or_run_twic
             specs = restart_specs()
             # Both replicas accept; only a, the leader, runs them.
             ids += [submit(to_a if i % 2 else to_b, s).id for i, s in enumerate(specs[:10])]
-            _until(
+            until(
                 lambda: any(j.state.value == "RUNNING" for j in store.list()),
                 "a job runs on a",
+                60,
             )
             a.proc.send_signal(signal.SIGKILL)
             killed_at = time.time()
@@ -194,7 +189,9 @@ def test_the_leader_killed_mid_run_is_taken_over_and_nothing_is_lost_or_run_twic
                     assert "restarted" in retried.payload["reason"], retried.payload
                 assert jobs[job_id].result.kernel.emulated_s > 0
 
-            _until(lambda: not {s for s, j in held_sockets(rack).items() if j in ids}, "released")
+            until(
+                lambda: not {s for s, j in held_sockets(rack).items() if j in ids}, "released", 60
+            )
         b.proc.send_signal(signal.SIGTERM)
         assert b.proc.wait(timeout=60) == 0, b.err.read_text()[-2000:]
         with JobStore(postgres_url) as store:
