@@ -236,7 +236,9 @@ def test_a_patient_hold_rides_over_an_orchestrator_that_stops_answering(tmp_path
             holding = pool.submit(third.hold)
             until(lambda: said, "the third says it waits", 30)
             server.stop(0)
-            until(lambda: len(said) > 1, "the third says the orchestrator is away", 30)
+            # A hold that gave up fails here with its error, not after the pool's wait.
+            until(lambda: len(said) > 1 or holding.done(), "the third says it is away", 30)
+            assert not holding.done(), holding.exception()
             assert said[1].startswith(f"{MODEL}: the orchestrator did not answer (UNAVAILABLE)")
             assert first.job_id is not None
             o.cancel(first.job_id)  # its sockets are free while the API is away
@@ -247,6 +249,79 @@ def test_a_patient_hold_rides_over_an_orchestrator_that_stops_answering(tmp_path
                 back.stop(0)
         assert o.get(job_id).state is JobState.RUNNING
         assert len(o.jobs()) == 3  # the first, the second, and the third's one job
+
+
+class _Cancelled(grpc.RpcError, grpc.Call):
+    """What a call in flight gets from a server that stops (`server.stop(0)`)."""
+
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.CANCELLED
+
+    def details(self) -> str:
+        return "CANCELLED"
+
+    def initial_metadata(self) -> tuple[tuple[str, str | bytes], ...]:
+        return ()
+
+    # The stubs' RpcError and Call disagree on the metadata's type; it is empty.
+    def trailing_metadata(self) -> tuple[tuple[str, str | bytes], ...]:  # type: ignore[override]
+        return ()
+
+    def is_active(self) -> bool:
+        return False
+
+    def time_remaining(self) -> float:
+        return 0.0
+
+    def cancel(self) -> bool:
+        return False
+
+    def add_callback(self, callback: object) -> bool:
+        return False
+
+
+class _StoppingJobs:
+    """The orchestrator's JobService, whose first GetJob is cancelled as by a stopping
+    server (that race failed a full test run: the hold gave up)."""
+
+    def __init__(self, jobs: object) -> None:
+        self.jobs, self.cancelled = jobs, 0
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.jobs, name)
+
+    def GetJob(self, *args: object, **kwargs: object) -> object:  # noqa: N802 (gRPC's name)
+        if not self.cancelled:
+            self.cancelled += 1
+            raise _Cancelled()
+        return self.jobs.GetJob(*args, **kwargs)  # type: ignore[attr-defined]
+
+
+def test_a_patient_hold_asks_again_after_a_call_the_stopping_server_cancelled(
+    tmp_path: Path,
+) -> None:
+    with orchestrator(tmp_path / "jobs.sqlite") as (o, server), channel(server.address) as ch:
+        first, second, third = [
+            on_rack(engines(Predictor(RACK), [MODEL], SETTING, builtin_models(), rack=ch))[0]
+            for _ in range(3)
+        ]
+        first.hold()
+        second.hold()
+        said: list[str] = []
+        third.say, third.patient = said.append, True
+        third.jobs = _StoppingJobs(third.jobs)  # type: ignore[assignment]
+        with ThreadPoolExecutor(1) as pool:
+            holding = pool.submit(third.hold)
+            asks_again = f"{MODEL}: the orchestrator did not answer (CANCELLED); asking again"
+            until(
+                lambda: any(line.startswith(asks_again) for line in said) or holding.done(),
+                "the third says it asks again",
+                30,
+            )
+            assert not holding.done(), holding.exception()
+            first.release()
+            job_id = holding.result(timeout=60)
+        assert o.get(job_id).state is JobState.RUNNING and len(o.jobs()) == 3
 
 
 def test_an_impatient_hold_fails_at_once(tmp_path: Path) -> None:
