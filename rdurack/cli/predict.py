@@ -29,10 +29,12 @@ from rdurack.cli.options import (
 )
 from rdurack.cli.stream import StreamOptions, serve_stream
 from rdurack.cli.views import emit, study_table
-from rdurack.errors import InvalidRequest, UnknownName
+from rdurack.errors import InvalidRequest, OutOfMemory, UnknownName
 from rdurack.rack.kernels import FusionPlan, Phase
 from rdurack.rack.models import ExpertMapping, ModelSpec, WeightFormat, builtin_models
 from rdurack.rack.placement import capacity
+from rdurack.rack.presets import with_racks
+from rdurack.rack.spec import MAX_RACKS
 from rdurack.rack.whatif import load_platform
 from rdurack.workloads.predictor import (
     CoeSetting,
@@ -286,11 +288,21 @@ def predict_ddp_cmd(
     sequence_length: Annotated[int, typer.Option(min=1, help="tokens per sample")] = 1024,
     optimizer: Annotated[str, typer.Option(help="sgd or adam")] = "sgd",
     platform: Annotated[str, typer.Option()] = "sn40l-rack16",
+    racks: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            max=MAX_RACKS,
+            help="scale the platform to this many racks, joined by its spine (default: "
+            "rdu spec's assumptions)",
+        ),
+    ] = None,
     spec: SpecOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """DDP scaling at a fixed batch per rank: step time, all-reduce time and the part
-    backward does not hide, samples/s, for 1 to 16 ranks (16 crosses nodes)."""
+    backward does not hide, samples/s and scaling efficiency, for 1, 2, 4, ... ranks up
+    to every socket (16 crosses nodes; more racks cross the spine)."""
     w = TrainingWorkload.model_validate(
         {
             "model": model,
@@ -301,16 +313,27 @@ def predict_ddp_cmd(
         }
     )
     p = load_platform(platform, spec)
+    if racks is not None:
+        p = with_racks(p, racks)
     cost = step_cost(w, p, builtin_models())
-    check_fits(w, p, cost)
+    # A rank that does not fit is reported, not refused: the timing is still the question
+    # (the rack would refuse the job; the table says so).
+    try:
+        check_fits(w, p, cost)
+        refused = ""
+    except OutOfMemory as e:
+        refused = str(e)
     points = predict_scaling(w, p, builtin_models())
     if as_json:
         rows = [asdict(x) for x in points]
-        print(json.dumps({"model": model, "platform": p.name, "memory": cost.memory.to_dict(),
-                          "scaling": rows}))  # fmt: skip
+        print(json.dumps({"model": model, "platform": p.name, "racks": p.racks,
+                          "memory": cost.memory.to_dict(), "fits": not refused,
+                          "refused": refused, "scaling": rows}))  # fmt: skip
         return
-    table = Table(title=f"DDP {model} on {p.name}, {batch_per_rank} per rank")
-    for col in ("ranks", "step", "compute", "all-reduce", "exposed", "samples/s", "nodes"):
+    racked = f", {p.racks} racks" if p.racks > 1 else ""
+    table = Table(title=f"DDP {model} on {p.name}{racked}, {batch_per_rank} per rank")
+    cols = ("ranks", "step", "compute", "all-reduce", "exposed", "samples/s", "efficiency")
+    for col in (*cols, "nodes", *(("racks",) if p.racks > 1 else ())):
         table.add_column(col, justify="right")
     for x in points:
         table.add_row(
@@ -320,9 +343,13 @@ def predict_ddp_cmd(
             f"{x.all_reduce_s * 1e3:.3f} ms",
             f"{x.exposed_s * 1e3:.3f} ms",
             f"{x.samples_per_s:,.1f}",
-            "2" if x.crosses_nodes else "1",
+            f"{x.efficiency:.1%}",
+            str(x.nodes),
+            *((str(x.racks),) if p.racks > 1 else ()),
         )
     Console().print(table)
+    if refused:
+        Console(stderr=True).print(f"[yellow]timing only: the rack would refuse it: {refused}")
 
 
 def predict_footprint_cmd(

@@ -26,6 +26,7 @@ from rdurack.rack.spec import (
     NodeSpec,
     PlatformSpec,
     SocketSpec,
+    SpineSpec,
     TierSpec,
 )
 
@@ -35,6 +36,8 @@ TB = 1e12
 # ---------------------------------------------------------------- SN40L (one socket)
 
 Values = Mapping[str, float]  # assumption name -> value (rack/calibration.py)
+# Every preset is one rack; `with_racks` (rdu predict --racks) and what-if files add more.
+ONE_RACK = "one rack: the platform as published; --racks or a what-if file scales it"
 
 
 def _fitted(v: Values, *names: str) -> tuple[dict[str, float], dict[str, str]]:
@@ -146,7 +149,10 @@ def _sn40l_platform(v: Values, name: str, nodes: int, description: str) -> Platf
             "assumption: not published; a 400 Gb/s-class network port per socket between "
             "the rack's two nodes",
         ),
-        sources={"nodes": "PAPER Sec. IV: a DataScale SN40L rack is two 8-socket nodes"},
+        sources={
+            "nodes": "PAPER Sec. IV: a DataScale SN40L rack is two 8-socket nodes",
+            "racks": ONE_RACK,
+        },
     )
 
 
@@ -284,7 +290,10 @@ def _dgx(
                 "latency_ns": "assumption: a few microseconds through a NIC and switch",
             },
         ),
-        sources={"nodes": "one DGX node, the unit PAPER Table V compares against"},
+        sources={
+            "nodes": "one DGX node, the unit PAPER Table V compares against",
+            "racks": ONE_RACK,
+        },
     )
 
 
@@ -302,6 +311,44 @@ def builtin_platforms(values: Values | None = None) -> dict[str, PlatformSpec]:
         "dgx-a100": _dgx(v, "dgx-a100", _a100(v), 300 * GB, 25 * GB, "A100"),
         "dgx-h100": _dgx(v, "dgx-h100", _h100(v), 450 * GB, 50 * GB, "H100"),
     }
+
+
+# ---------------------------------------------------------------- racks of racks
+
+SPINE_LATENCY_NS = 10_000.0
+SPINE_OVERSUBSCRIPTION = 1.0
+
+
+def default_spine(p: PlatformSpec) -> SpineSpec:
+    """The spine assumed between racks of `p` when nothing says otherwise. No SN40L
+    multi-rack network is published: every number is an assumption."""
+    return SpineSpec(
+        bandwidth_bytes_per_s=p.inter_node_link.bandwidth_bytes_per_s,
+        latency_ns=SPINE_LATENCY_NS,
+        oversubscription=SPINE_OVERSUBSCRIPTION,
+        sources={
+            "bandwidth_bytes_per_s": "assumption: each socket's own network port (the "
+            f"{p.inter_node_link.bandwidth_bytes_per_s / GB:.0f} GB/s of its rail inside "
+            "the rack, a 400 Gb/s-class Ethernet/InfiniBand port on SN40L) reaches the "
+            "spine: rail-optimised cabling",
+            "latency_ns": "assumption: NIC, leaf, spine, leaf, NIC: two more switch hops "
+            "than a hop inside the rack, about twice its fitted ~5 us, a collective "
+            "step included",
+            "oversubscription": "assumption: a non-blocking (1:1) leaf-spine fabric, as "
+            "training clusters are built; a what-if file sets 2 or 4 for a cheaper one",
+        },
+    )
+
+
+def with_racks(p: PlatformSpec, racks: int) -> PlatformSpec:
+    """`p` scaled to `racks` racks of its nodes, on its spine or the default one."""
+    if racks == p.racks:
+        return p
+    spine = p.spine if p.spine is not None else default_spine(p)
+    sources = {**p.sources, "racks": f"--racks {racks}: a study of {racks} racks"}
+    return PlatformSpec.model_validate(
+        {**p.model_dump(), "racks": racks, "spine": spine.model_dump(), "sources": sources}
+    )
 
 
 def platform(name: str, values: Values | None = None) -> PlatformSpec:

@@ -11,7 +11,7 @@ refuses a spec with an unsourced number, so the rule cannot rot.
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any, Literal, Self
+from typing import Any, ClassVar, Literal, Self
 
 from pydantic import Field, model_validator
 
@@ -30,6 +30,9 @@ class Sourced(Config):
     """A config model whose every numeric field must name its source."""
 
     sources: dict[str, str] = Field(default_factory=dict)
+    # Counts `numbers()` leaves out while they keep their default: one rack is every
+    # preset's shape, and listing it would only add a line to every platform's table.
+    shape_defaults: ClassVar[dict[str, int]] = {}
 
     @model_validator(mode="after")
     def _every_number_has_a_source(self) -> Self:
@@ -57,6 +60,8 @@ class Sourced(Config):
             path = f"{prefix}{name}"
             if isinstance(value, Sourced):
                 rows += value.numbers(path + ".")
+            elif self.shape_defaults.get(name) == value:
+                continue
             elif isinstance(value, int | float) and not isinstance(value, bool):
                 rows.append((path, float(value), self.sources[name]))
         return rows
@@ -136,21 +141,70 @@ class NodeSpec(Sourced):
     intra_node_link: LinkSpec
 
 
+class SpineSpec(Sourced):
+    """The network between racks, as one socket sees it: socket i of a node reaches socket
+    i of every node of every other rack through a leaf-spine fabric (rail-optimised, as
+    multi-rack accelerator clusters are cabled). One direction."""
+
+    # One socket's port into the fabric, before oversubscription.
+    bandwidth_bytes_per_s: float = Field(gt=0)
+    # NIC, leaf, spine, leaf, NIC: one transfer's fixed time.
+    latency_ns: float = Field(ge=0)
+    # Ports into the leaves over ports up to the spine: when every socket of a rack sends
+    # across racks at once, each gets bandwidth / oversubscription. 1: non-blocking.
+    oversubscription: float = Field(ge=1)
+
+    @property
+    def link(self) -> LinkSpec:
+        """The spine as one socket's link across racks (bandwidth after oversubscription:
+        collectives send from every socket of a rack at once)."""
+        return LinkSpec(
+            bandwidth_bytes_per_s=self.bandwidth_bytes_per_s / self.oversubscription,
+            latency_ns=self.latency_ns,
+            sources={
+                "bandwidth_bytes_per_s": f"{self.sources['bandwidth_bytes_per_s']}; divided "
+                f"by the oversubscription ({self.sources['oversubscription']})",
+                "latency_ns": self.sources["latency_ns"],
+            },
+        )
+
+
+MAX_RACKS = 1024  # 16,384 SN40L sockets: past any cluster the predictor is meant for
+
+
 class PlatformSpec(Sourced):
-    """A whole emulated machine: `nodes` identical nodes joined by inter-node links.
+    """A whole emulated machine: `racks` racks of `nodes` identical nodes each.
 
     Inter-node topology is "rail": socket i of one node links to socket i of every other
-    node, the usual way multi-node accelerators are cabled.
+    node of its rack, the usual way multi-node accelerators are cabled. Racks meet through
+    a spine (`spine`, needed when racks > 1) on the same rails.
     """
+
+    shape_defaults: ClassVar[dict[str, int]] = {"racks": 1}
 
     name: str
     description: str
-    nodes: int = Field(gt=0)
+    racks: int = Field(default=1, gt=0, le=MAX_RACKS)
+    nodes: int = Field(gt=0)  # per rack
     node: NodeSpec
     inter_node_link: LinkSpec
+    spine: SpineSpec | None = None
+
+    @model_validator(mode="after")
+    def _racks_need_a_spine(self) -> Self:
+        if self.racks > 1 and self.spine is None:
+            raise ValueError(
+                f"{self.name}: {self.racks} racks need a spine (bandwidth_bytes_per_s, "
+                "latency_ns, oversubscription) to link them"
+            )
+        return self
 
     @property
     def sockets(self) -> int:
+        return self.racks * self.nodes * self.node.sockets
+
+    @property
+    def sockets_per_rack(self) -> int:
         return self.nodes * self.node.sockets
 
     @property
@@ -174,6 +228,10 @@ def _merge(base: dict[str, Any], overrides: dict[str, Any], origin: str) -> dict
             raise ValueError("a what-if file sets values; their sources are written for it")
         if isinstance(value, dict) and isinstance(base.get(key), dict):
             out[key] = _merge(base[key], value, origin)
+            continue
+        if isinstance(value, dict) and key in base and base[key] is None:
+            # A part the base lacks (a spine): every number in it comes from the file.
+            out[key] = _merge({"sources": {}, **dict.fromkeys(value)}, value, origin)
             continue
         if key not in base:
             # Let pydantic name the unknown field in its error.

@@ -7,6 +7,10 @@
         hbm: {bandwidth_bytes_per_s: 3.6e12}
         ddr: {capacity_bytes: 750e9}
 
+    # four racks on a 2:1 oversubscribed spine (unset spine numbers: presets.default_spine)
+    racks: 4
+    spine: {oversubscription: 2}
+
 Values are validated by the same pydantic models as the presets; each replaced number's
 source becomes "what-if override (FILE)", so results say what they rest on.
 """
@@ -20,7 +24,7 @@ import yaml
 from pydantic import ValidationError
 
 from rdurack.errors import InvalidRequest
-from rdurack.rack.presets import platform
+from rdurack.rack.presets import default_spine, platform
 from rdurack.rack.spec import PlatformSpec
 
 
@@ -64,7 +68,11 @@ def load_platform(name: str, spec_file: Path | None = None) -> PlatformSpec:
     overrides = dict(raw)
     base = overrides.pop("base", name)
     try:
-        return platform(str(base)).overridden(overrides, str(spec_file))
+        p = platform(str(base))
+        if overrides.get("racks", 1) != 1 and p.spine is None:
+            # More racks need a spine: the default's assumptions, under the file's values.
+            p = p.model_copy(update={"spine": default_spine(p)})
+        return p.overridden(overrides, str(spec_file))
     except ValidationError as e:
         first = e.errors()[0]
         # The file's own keys, escaped: a control character ("\x1e" is a line break to

@@ -194,7 +194,7 @@ def test_overridden_merges_overrides_at_several_levels() -> None:
             {"node": {"socket": {"hbm": {"bogus_bytes": 1}}}},
             ("node", "socket", "hbm", "bogus_bytes"),
         ),
-        ({"racks": 2}, ("racks",)),
+        ({"pods": 2}, ("pods",)),  # not "racks": that is a field now
     ],
     ids=["nested", "top-level"],
 )

@@ -38,7 +38,8 @@ from pydantic import ConfigDict, Field, model_validator
 
 from rdurack.config import Config
 from rdurack.errors import OutOfMemory, UnknownName
-from rdurack.rack.collectives import Algorithm, all_reduce
+from rdurack.rack.collectives import Algorithm, Cost, all_reduce
+from rdurack.rack.hierarchy import hierarchical_all_reduce
 from rdurack.rack.kernels import FusionPlan, Phase
 from rdurack.rack.models import ModelSpec
 from rdurack.rack.spec import PlatformSpec, Tier
@@ -340,8 +341,9 @@ def _size(nbytes: int) -> str:
 
 
 def ranks_of(sockets: list[str]) -> list[str]:
-    """The job's sockets in rank order: node by node, socket index within a node."""
-    return sorted(sockets, key=lambda s: (SocketId.parse(s).node, SocketId.parse(s).index))
+    """The job's sockets in rank order: rack by rack, node by node, socket index within a
+    node."""
+    return sorted(sockets, key=SocketId.parse)
 
 
 @dataclass(frozen=True)
@@ -353,29 +355,65 @@ class ScalingPoint:
     exposed_s: float
     samples_per_s: float
     crosses_nodes: bool
+    nodes: int = 1  # hosts the ranks span, over all racks
+    racks: int = 1
+    # samples/s over world_size times one rank's: one rank's step over this step.
+    efficiency: float = 1.0
+
+
+def scaling_world_sizes(platform: PlatformSpec) -> tuple[int, ...]:
+    """1, 2, 4, ... up to every socket of the platform, and every socket."""
+    sizes = [1 << k for k in range(platform.sockets.bit_length()) if 1 << k <= platform.sockets]
+    return tuple(sorted({*sizes, platform.sockets}))
+
+
+def _bucket_all_reduce_s(
+    topo: Topology, group: list[SocketId], bucket_bytes: tuple[int, ...], itemsize: int
+) -> list[float]:
+    """Seconds of each bucket's all-reduce over `group`: inside a rack the ring simulated
+    on the links; across racks the hierarchical ring of rack/hierarchy.py (the rack's
+    ring plus the spine's phase)."""
+    if len(group) == 1:
+        return [0.0] * len(bucket_bytes)
+    rack: dict[float, Cost] = {}  # the rack's ring per bucket size: sizes repeat
+
+    def in_rack(members: list[SocketId], nbytes: float) -> Cost:
+        if nbytes not in rack:
+            rack[nbytes] = all_reduce(topo, members, nbytes, Algorithm.RING, itemsize)
+        return rack[nbytes]
+
+    across = topo.racks_of(group) > 1
+    return [
+        (
+            hierarchical_all_reduce(topo, group, b, itemsize, in_rack)
+            if across
+            else in_rack(group, b)
+        ).total_s
+        for b in bucket_bytes
+    ]
 
 
 def predict_scaling(
     w: TrainingWorkload,
     platform: PlatformSpec,
     models: dict[str, ModelSpec],
-    world_sizes: tuple[int, ...] = (1, 2, 4, 8, 16),
+    world_sizes: tuple[int, ...] | None = None,
 ) -> list[ScalingPoint]:
-    """DDP scaling at a fixed per-rank batch: step time and throughput per world size,
-    on the first sockets node by node (16 crosses the inter-node links)."""
+    """DDP scaling at a fixed per-rank batch: step time and throughput per world size
+    (default: `scaling_world_sizes`), on the first sockets rack by rack, node by node
+    (16 crosses the inter-node links of an SN40L rack, 32 the spine)."""
     topo = Topology(platform)
+    sockets = topo.sockets
     out = []
-    for n in world_sizes:
+    for n in world_sizes if world_sizes is not None else scaling_world_sizes(platform):
         if n > platform.sockets:
             continue
         wn = w.model_copy(update={"world_size": n, "global_batch": w.local_batch * n})
         cost = step_cost(wn, platform, models)
-        group = topo.sockets[:n]
+        group = sockets[:n]
         itemsize = 4 if w.functional else models[w.model].bytes_per_param
-        comm = [
-            all_reduce(topo, group, b, Algorithm.RING, itemsize).total_s if n > 1 else 0.0
-            for b in cost.bucket_bytes
-        ]
+        comm = _bucket_all_reduce_s(topo, group, cost.bucket_bytes, itemsize)
+        racks = topo.racks_of(group)
         t: OverlapTiming = overlap(split_by_bytes(cost.backward_s, cost.bucket_bytes), comm)
         step = cost.forward_s + t.end_s
         out.append(
@@ -386,7 +424,11 @@ def predict_scaling(
                 t.all_reduce_s,
                 t.exposed_s,
                 wn.global_batch / step,
-                n > platform.node.sockets,
+                topo.nodes_of(group) > 1,
+                topo.nodes_of(group),
+                racks,
+                # One rank's step is its compute: nothing to all-reduce.
+                (cost.forward_s + cost.backward_s) / step,
             )
         )
     return out
