@@ -50,7 +50,13 @@ from rdurack.workloads.serving.predict import predict_serve, predict_speculative
 from rdurack.workloads.serving.speculative import SpeculativeSetting
 from rdurack.workloads.serving.stream.bundle import BUNDLE_NAME
 from rdurack.workloads.serving.stream.replay import StreamSetting
-from rdurack.workloads.training.job import TrainingWorkload, check_fits, predict_scaling, step_cost
+from rdurack.workloads.training.job import (
+    ScalingPoint,
+    TrainingWorkload,
+    check_fits,
+    predict_scaling,
+    step_cost,
+)
 
 
 def _model(name: str) -> ModelSpec:
@@ -299,6 +305,7 @@ def predict_ddp_cmd(
     ] = None,
     spec: SpecOpt = None,
     as_json: JsonOpt = False,
+    markdown: MarkdownOpt = False,
 ) -> None:
     """DDP scaling at a fixed batch per rank: step time, all-reduce time and the part
     backward does not hide, samples/s and scaling efficiency, for 1, 2, 4, ... ranks up
@@ -325,18 +332,37 @@ def predict_ddp_cmd(
         refused = str(e)
     points = predict_scaling(w, p, builtin_models())
     if as_json:
-        rows = [asdict(x) for x in points]
         print(json.dumps({"model": model, "platform": p.name, "racks": p.racks,
                           "memory": cost.memory.to_dict(), "fits": not refused,
-                          "refused": refused, "scaling": rows}))  # fmt: skip
+                          "refused": refused,
+                          "scaling": [asdict(x) for x in points]}))  # fmt: skip
+        return
+    header, cells = ddp_rows(points, p.racks > 1)
+    if markdown:
+        print("| " + " | ".join(header) + " |\n|" + "---|" * len(header))
+        for row in cells:
+            print("| " + " | ".join(row) + " |")
+        if refused:
+            print(f"\nTiming only: the rack would refuse it: {refused}.")
         return
     racked = f", {p.racks} racks" if p.racks > 1 else ""
     table = Table(title=f"DDP {model} on {p.name}{racked}, {batch_per_rank} per rank")
-    cols = ("ranks", "step", "compute", "all-reduce", "exposed", "samples/s", "efficiency")
-    for col in (*cols, "nodes", *(("racks",) if p.racks > 1 else ())):
+    for col in header:
         table.add_column(col, justify="right")
-    for x in points:
-        table.add_row(
+    for row in cells:
+        table.add_row(*row)
+    Console().print(table)
+    if refused:
+        Console(stderr=True).print(f"[yellow]timing only: the rack would refuse it: {refused}")
+
+
+def ddp_rows(points: list[ScalingPoint], racks: bool) -> tuple[list[str], list[list[str]]]:
+    """The scaling table's header and rows as printed (the docs' figure reads them back);
+    `racks`: a column of racks."""
+    header = ["ranks", "step", "compute", "all-reduce", "exposed", "samples/s", "efficiency"]
+    header += ["nodes", *(["racks"] if racks else [])]
+    rows = [
+        [
             str(x.world_size),
             f"{x.step_s * 1e3:.3f} ms",
             f"{x.compute_s * 1e3:.3f} ms",
@@ -345,11 +371,11 @@ def predict_ddp_cmd(
             f"{x.samples_per_s:,.1f}",
             f"{x.efficiency:.1%}",
             str(x.nodes),
-            *((str(x.racks),) if p.racks > 1 else ()),
-        )
-    Console().print(table)
-    if refused:
-        Console(stderr=True).print(f"[yellow]timing only: the rack would refuse it: {refused}")
+            *([str(x.racks)] if racks else []),
+        ]
+        for x in points
+    ]
+    return header, rows
 
 
 def predict_footprint_cmd(

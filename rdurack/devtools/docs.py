@@ -14,8 +14,10 @@ markers, the image's link::
     ![...](img/serving-rates.png)
     <!-- end figure -->
 
-Only `rdu predict serve` studies (several `--rate`) are drawn so far. The PNG carries
-the figures it shows (traces/plots/serving.py `read_curves`).
+Two kinds are drawn: `rdu predict serve` studies (several `--rate`) and one
+`rdu predict ddp` scaling study (step time and efficiency against ranks). The PNG
+carries the figures it shows (traces/plots/serving.py `read_curves`,
+traces/plots/scaling.py `read_scaling`).
 
 `tests/unit/test_docs.py` fails when a block differs from what its command prints today,
 or a figure from the blocks it was drawn from, so a page never shows figures the code no
@@ -30,12 +32,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+from rdurack.traces.plotdata.scaling import scaling_curve, scaling_title
 from rdurack.traces.plotdata.serving import RateCurve, rate_curve, rates_title
 from rdurack.workloads.serving.stream.report import StreamReport
 
 BLOCK = re.compile(r"(<!-- generated: (.+?) -->\n)(.*?)(<!-- end generated -->)", re.S)
 FIGURE = re.compile(r"(<!-- figure: (\S+) from: (.+?) -->\n)(.*?)(<!-- end figure -->)", re.S)
-STUDIES = "rdu predict serve"  # the blocks a figure can draw so far
+STUDIES = "rdu predict serve"  # the blocks a figure of rates draws
+SCALING = "rdu predict ddp"  # ... and a figure of DDP scaling (the one block its prefix names)
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 
@@ -65,13 +69,30 @@ def study(command: str) -> RateCurve:
 
 def draw(text: str, name: str, prefix: str) -> str:
     """Draw figure `name` from the page's blocks (`text`); its link, for the page."""
+    if prefix == SCALING or prefix.startswith(SCALING + " "):
+        return draw_scaling(text, name, prefix)
     if prefix != STUDIES:
-        raise ValueError(f"a figure draws {STUDIES} studies, not {prefix!r}")
+        raise ValueError(f"a figure draws {STUDIES} or {SCALING} studies, not {prefix!r}")
     from rdurack.traces.plots.serving import plot_rates  # matplotlib: only to draw
 
     curves = [study(command) for command in sources(text, prefix)]
     plot_rates(curves, DOCS / name)
     return f"![{rates_title(curves)}]({name})\n"
+
+
+def draw_scaling(text: str, name: str, prefix: str) -> str:
+    """Draw figure `name` from the page's one `rdu predict ddp` block that `prefix`
+    names; its link."""
+    from rdurack.traces.plots.scaling import plot_scaling  # matplotlib: only to draw
+
+    found = sources(text, prefix)
+    if len(found) != 1:
+        raise ValueError(f"a scaling figure draws one block, {prefix!r} names {len(found)}")
+    command = found[0]
+    args = [a for a in command.split() if a != "--markdown"]
+    curve = scaling_curve(json.loads(run(" ".join([*args, "--json"]))), source=command)
+    plot_scaling(curve, DOCS / name)
+    return f"![{scaling_title(curve)}]({name})\n"
 
 
 def run(command: str) -> str:

@@ -8,8 +8,10 @@ import re
 import pytest
 
 from rdurack.cli.stream import SWEEP
-from rdurack.devtools.docs import DOCS, FIGURE, blocks, figures, run, sources
+from rdurack.devtools.docs import DOCS, FIGURE, SCALING, STUDIES, blocks, figures, run, sources
+from rdurack.traces.plotdata.scaling import scaling_title
 from rdurack.traces.plotdata.serving import RateCurve, rates_title
+from rdurack.traces.plots.scaling import read_scaling
 from rdurack.traces.plots.serving import read_curves
 
 FIGURES = DOCS / "figures.md"
@@ -39,6 +41,7 @@ FIGURED = [
     (page.name, name, prefix)
     for page in sorted(DOCS.glob("*.md"))
     for name, prefix in figures(page.read_text()).items()
+    if prefix == STUDIES
 ]
 
 
@@ -81,6 +84,23 @@ def test_a_figure_shows_what_the_tables_it_was_drawn_from_say(
         assert got == want, stale
     link = next(m[4] for m in FIGURE.finditer(text) if m[2] == name)
     assert link == f"![{rates_title(curves)}]({name})\n", stale
+
+
+def test_training_md_has_its_scaling_figure_of_what_its_table_says() -> None:
+    text = (DOCS / "training.md").read_text()
+    prefix = f"{SCALING} --model llama3.1-8b --racks 64"
+    assert figures(text) == {"img/ddp-racks.png": prefix}
+    curve = read_scaling(DOCS / "img/ddp-racks.png")
+    stale = "docs/img/ddp-racks.png is stale: redraw it with `make docs`"
+    assert [curve.source] == sources(text, prefix), stale
+    rows = _table(blocks(text)[curve.source])
+    want = [
+        {"ranks": str(n), "step": f"{t * 1e3:.3f} ms", "efficiency": f"{e:.1%}"}
+        for n, t, e in zip(curve.ranks, curve.step_s, curve.efficiency, strict=True)
+    ]
+    assert [{k: row[k] for k in want[0]} for row in rows] == want, stale
+    link = next(m[4] for m in FIGURE.finditer(text) if m[2] == "img/ddp-racks.png")
+    assert link == f"![{scaling_title(curve)}](img/ddp-racks.png)\n", stale
 
 
 def test_readme_count_of_reproduced_figures_is_current() -> None:
