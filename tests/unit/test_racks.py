@@ -88,6 +88,27 @@ def test_a_whatif_file_sets_racks_and_spine_numbers(tmp_path: Path) -> None:
     assert p.sources["racks"] == f"what-if override ({f})"
 
 
+def test_a_whatif_spine_on_a_platform_without_one_is_sourced_from_the_file(
+    tmp_path: Path,
+) -> None:
+    f = tmp_path / "spine.yaml"
+    f.write_text("spine: {bandwidth_bytes_per_s: 1e11, latency_ns: 3000, oversubscription: 2}\n")
+    p = load_platform("sn40l-rack16", f)
+    assert p.racks == 1 and p.spine is not None and p.spine.bandwidth_bytes_per_s == 1e11
+    assert set(p.spine.sources.values()) == {f"what-if override ({f})"}
+
+
+def test_the_ring_schedule_runs_across_racks_on_the_spine() -> None:
+    topo = Topology(with_racks(platform("sn40l-node"), 2))  # 2 racks of one 8-socket node
+    assert topo.platform.spine is not None
+    group = [SocketId(0, 0), SocketId(0, 0, 1)]
+    # Two members, one per rack: 2 steps of half the bytes each way over the spine.
+    cost = all_reduce(topo, group, 8e6, Algorithm.RING)
+    spine = topo.platform.spine
+    step = spine.latency_ns * 1e-9 + 4e6 / spine.bandwidth_bytes_per_s
+    assert cost.total_s == pytest.approx(2 * step, rel=1e-6)
+
+
 def test_topology_kinds_and_paths_across_racks() -> None:
     p = with_racks(RACK, 3)
     assert p.spine is not None
