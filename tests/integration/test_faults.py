@@ -379,8 +379,11 @@ def test_a_short_chaos_run_loses_no_job_and_leaves_none_hanging(healed: Cluster)
         sockets_per_node=SOCKETS,
         faults=3,
         submit_every_s=1.0,
-        settle_s=20.0,
-        duration_s=45.0,
+        # The settle ends once every job has finished: a long one costs a healthy run
+        # nothing, and on a loaded machine (load average 30 on 2 cores) a job retried
+        # after its agent's kill was still running 20 s after healing (a full test run).
+        settle_s=120.0,
+        duration_s=145.0,  # a 10 s fault window: 145 - settle - the heal's reserve (15 s)
     )
     run = ChaosRun(Rack(c.address, c.token, c.state_dir), config, say=print)
     try:
