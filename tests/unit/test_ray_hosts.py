@@ -3,13 +3,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 import ray
 
 from rdurack.node_agent import actors
-from rdurack.processes import node_agent_main
+from rdurack.processes import local_rack, node_agent_main
 from rdurack.processes.ray_head import RayHeadSettings
 from rdurack.processes.settings import load
 from rdurack.telemetry import setup
@@ -70,3 +71,23 @@ def test_the_ray_head_takes_a_host(monkeypatch: pytest.MonkeyPatch) -> None:
     assert load(RayHeadSettings, ["--host", "10.77.0.1"]).host == "10.77.0.1"
     monkeypatch.setenv("RDURACK_HOST", "10.77.0.3")
     assert load(RayHeadSettings, []).host == "10.77.0.3"
+
+
+def test_the_local_rack_gives_the_ray_head_its_host(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Agents attach to the Ray node of their --host, so the head's node must take the
+    same one (on loopback it always did)."""
+    spawned: list[tuple[str, list[str]]] = []
+
+    class Stop(Exception):
+        pass
+
+    def spawn(name: str, module: str, args: list[str], logs: Path) -> None:
+        spawned.append((module, args))
+        raise Stop  # the first process is all this test looks at
+
+    monkeypatch.setattr(local_rack, "_spawn", spawn)
+    with pytest.raises(Stop):
+        local_rack.up(tmp_path, host="10.77.0.1")
+    assert spawned == [("rdurack.processes.ray_head", ["--host", "10.77.0.1"])]
