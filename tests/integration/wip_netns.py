@@ -4,19 +4,22 @@ tests/integration/wip_netns.py`.
 
 A 2-node rack across two hosts made of network namespaces (tests/support/netns.py),
 started by hand as `rdu up --head` / `rdu join` will start it:
-- host 0: the Ray head (`ray_head --host`), node agent 0 and the orchestrator;
-- host 1: a Ray worker node (`ray start --address HEAD --node-ip-address ADDR --block`)
-  and node agent 1, which joins Ray at its own address (actors.start_ray's `host`).
-Kernel, CoE and DDP jobs of 16 sockets cross the hosts; host 1 is then killed whole
-(every process in it), the orchestrator notices, the running DDP job goes back to
-PENDING, and host 1 comes back (Ray worker node and agent at the same port, as the
+- host 0: the Ray head (`ray_head --host`) and the orchestrator (and, with 2 hosts,
+  node agent 0);
+- hosts 1 (and 2): a Ray worker node (`ray start --address HEAD --node-ip-address ADDR
+  --block`) and a node agent, which joins Ray at its own address (actors.start_ray's
+  `host`).
+Kernel, CoE and DDP jobs of 16 sockets cross the hosts; node 1's host is then killed
+whole (every process in it), the orchestrator notices, the running DDP job goes back to
+PENDING, and the host comes back (Ray worker node and agent at the same port, as the
 local rack's supervisor restarts an agent): the job succeeds, no job is lost.
 
 What `rdu join` must add over this: the orchestrator learns of agents from `--agents`
 only; here host 1's agent port is fixed in advance so the orchestrator can be given it.
 
 Status (2026-12-05, 2 cores shared with other work, load 30-90): every test here
-passed; the recovery test in 268 s (rack up 17 s), each TLS test in ~25 s. Why not
+passed; the recovery test with 2 hosts in 211-268 s (rack up 12-17 s), with 3 hosts in
+246 s (rack up 39 s), each TLS test (2 hosts) in 25-90 s (rack up 19-84 s, by load). Why not
 collected yet: 4.5 min of a loaded machine, and it starts processes by hand that `rdu up
 --head` / `rdu join` should start (/work/scratch/netns/FINDINGS.md has the plan).
 """
@@ -60,10 +63,14 @@ def _env(join: bool = False) -> dict[str, str]:
 
 
 class Rack:
-    """The processes of the 2-host rack, each logging to LOGS/<name>.log."""
+    """The processes of the rack, each logging to LOGS/<name>.log. Host 0 runs the Ray
+    head and the orchestrator; node i's agent runs on host `agent_hosts[i]`."""
 
-    def __init__(self, hosts: Hosts, logs: Path, ray_tmp: Path, tls: Path | None) -> None:
+    def __init__(
+        self, hosts: Hosts, logs: Path, ray_tmp: Path, tls: Path | None, agent_hosts: list[int]
+    ) -> None:
         self.hosts, self.logs, self.ray_tmp = hosts, logs, ray_tmp
+        self.agent_hosts = agent_hosts
         self.procs: dict[str, subprocess.Popen[str]] = {}
         self.gcs = ""
         # Mutual TLS among rack members (agents, links, orchestrator), as `rdu up --tls`.
@@ -107,9 +114,10 @@ class Rack:
                                 "--temp-dir", str(self.ray_tmp / name)], join=True)  # fmt: skip
         self.wait_line(name, "Ray runtime started")
 
-    def agent(self, host: int) -> str:
-        name = f"node-agent-{host}"
-        self.python(name, host, "rdurack.processes.node_agent_main", "--node-index", str(host),
+    def agent(self, node: int) -> str:
+        """Node `node`'s agent, on its host; its address."""
+        name, host = f"node-agent-{node}", self.agent_hosts[node]
+        self.python(name, host, "rdurack.processes.node_agent_main", "--node-index", str(node),
                     "--host", self.hosts.addresses[host], "--port", str(AGENT_PORT),
                     "--ray-address", self.gcs, *self.security)  # fmt: skip
         return self.wait_line(name, "ready at").rsplit(" ", 1)[1]
@@ -129,27 +137,29 @@ class Rack:
 
 @pytest.fixture
 def rack(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Rack]:
-    """The 2-host rack; `request.param` (indirect) "hosts" or "loopback": with mutual
-    TLS, its member certificate naming the hosts' addresses (what `rdu up --head --tls`
-    must issue) or loopback only."""
+    """The rack; `request.param` (indirect) a string of words:
+    - "3-hosts": host 0 runs only the Ray head and the orchestrator, the node agents run
+      on hosts 1 and 2 (the acceptance's layout); else 2 hosts, agent 0 on host 0;
+    - "tls-hosts" / "tls-loopback": mutual TLS, the member certificate naming the hosts'
+      addresses (what `rdu up --head --tls` must issue) or loopback only (today's)."""
     if WHY is not None:
         pytest.skip(WHY)
+    words = str(getattr(request, "param", "")).split()
+    count, agent_hosts = (3, [1, 2]) if "3-hosts" in words else (2, [0, 1])
     tls = None
-    mode = getattr(request, "param", "")
-    if mode:
-        # "hosts": the certificate names the hosts' addresses; "loopback": only
-        # certs.LOCAL_HOSTS, as `rdu up --tls` issues it today.
-        addresses = [f"{SUBNET}.{i + 1}" for i in range(2)] if mode == "hosts" else []
+    if "tls-hosts" in words or "tls-loopback" in words:
+        addresses = [f"{SUBNET}.{i + 1}" for i in range(count)] if "tls-hosts" in words else []
         tls = certs.write_rack_set(
             tmp_path / "tls", DEFAULT_RACK_IDENTITY, [*certs.LOCAL_HOSTS, *addresses]
         )
     # Ray's unix sockets live under its temp dir, whose path must stay short (108 bytes).
     ray_tmp = Path(tempfile.mkdtemp(prefix="rdh-ray-", dir="/tmp"))
-    with Hosts(2) as hosts:
-        r = Rack(hosts, tmp_path, ray_tmp, tls)
+    with Hosts(count) as hosts:
+        r = Rack(hosts, tmp_path, ray_tmp, tls, agent_hosts)
         r.python("ray-head", 0, "rdurack.processes.ray_head", "--host", hosts.addresses[0])
         r.gcs = r.wait_line("ray-head", "ready at").rsplit(" ", 1)[1]
-        r.join_ray(1)
+        for host in range(1, count):
+            r.join_ray(host)
         agents = [r.agent(0), r.agent(1)]
         r.python("orchestrator", 0, "rdurack.processes.orchestrator_main",
                  "--host", hosts.addresses[0], "--port", str(ORCHESTRATOR_PORT),
@@ -162,6 +172,7 @@ def rack(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Rack]:
     shutil.rmtree(ray_tmp, ignore_errors=True)
 
 
+@pytest.mark.parametrize("rack", ["3-hosts"], indirect=True, ids=["3-hosts"])
 def test_jobs_cross_hosts_and_a_killed_host_is_recovered(rack: Rack) -> None:
     kernel = rack.rdu("submit", "kernel", "--model", "llama2-7b", "--phase", "decode",
                       "--sockets", "16", "--output-tokens", "5", "--wait")  # fmt: skip
@@ -180,10 +191,10 @@ def test_jobs_cross_hosts_and_a_killed_host_is_recovered(rack: Rack) -> None:
     while rack.rdu("job", job_id)["state"] != "RUNNING":
         assert time.monotonic() < deadline, "the DDP job never ran"
         time.sleep(0.5)
-    killed = rack.hosts.kill(1)  # host 1 crashes: its raylet, agent and socket actors
-    assert killed
+    host = rack.agent_hosts[1]
+    assert rack.hosts.kill(host)  # node 1's host crashes: raylet, agent, socket actors
     rack.wait_line("orchestrator", "node 1's agent down", timeout_s=30)
-    rack.join_ray(1)
+    rack.join_ray(host)
     rack.agent(1)
     rack.wait_line("orchestrator", "node 1's agent restarted", timeout_s=60)
     done = _wait(rack, job_id)
@@ -196,12 +207,12 @@ KERNEL_16 = ["submit", "kernel", "--model", "llama2-7b", "--phase", "decode",
              "--sockets", "16", "--output-tokens", "5", "--wait"]  # fmt: skip
 
 
-@pytest.mark.parametrize("rack", ["hosts"], indirect=True, ids=["tls"])
+@pytest.mark.parametrize("rack", ["tls-hosts"], indirect=True, ids=["tls"])
 def test_a_tls_rack_across_hosts_runs_a_job(rack: Rack) -> None:
     assert rack.rdu(*KERNEL_16)["state"] == "SUCCEEDED"
 
 
-@pytest.mark.parametrize("rack", ["loopback"], indirect=True, ids=["tls-loopback-names"])
+@pytest.mark.parametrize("rack", ["tls-loopback"], indirect=True, ids=["tls-loopback-names"])
 def test_rack_members_need_no_host_names_but_clients_do(rack: Rack) -> None:
     """Members verify each other by the rack identity, so links and agents work with
     today's loopback-only certificate; a client dialing 10.77.0.1 is refused unless it
