@@ -76,13 +76,33 @@ def control(actor: Any, method: str) -> Any:
     return getattr(actor, method).options(concurrency_group=CONTROL)
 
 
-def start_ray(address: str | None = None) -> None:
+# Addresses that name every interface, hence no one Ray node (`start_ray`'s `host`).
+WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::", "[::]"})
+
+
+def start_ray(address: str | None = None, host: str | None = None) -> None:
     """Join the Ray cluster at `address`, or start a local one. Its processes stay on
-    loopback because importing rdurack set Ray's environment (rdurack/__init__.py)."""
+    loopback because importing rdurack set Ray's environment (rdurack/__init__.py),
+    unless `host` says otherwise.
+
+    `host`: the address this process serves on, hence of its host's Ray node. Joining,
+    the process attaches to the node of that address. Without it Ray picks a raylet it
+    finds in the process list, preferring the head's: on one machine with several
+    network namespaces (one pid namespace) every host's raylet is listed, and an agent
+    would put its socket actors on the head's host, where its address does not exist.
+    Starting, the new cluster's node takes that address: on any other than loopback,
+    Ray serves on every interface of the machine (it has no bind address of its own).
+    A wildcard (WILDCARD_HOSTS) or None leaves the choice to Ray."""
     if ray.is_initialized():
         return
+    node_ip = None if host is None or host in WILDCARD_HOSTS else host
     if address:
-        ray.init(address=address, namespace="rdurack", logging_level=logging.WARNING)
+        ray.init(
+            address=address,
+            namespace="rdurack",
+            logging_level=logging.WARNING,
+            _node_ip_address=node_ip,
+        )
     else:
         ray.init(
             # "local": always a new cluster. Without it Ray joins whatever cluster
@@ -92,6 +112,7 @@ def start_ray(address: str | None = None) -> None:
             include_dashboard=False,
             logging_level=logging.WARNING,
             log_to_driver=False,
+            _node_ip_address=node_ip,
         )
 
 

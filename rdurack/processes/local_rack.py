@@ -171,7 +171,10 @@ def up(
         rack.save()
 
     try:
-        started("ray-head", _spawn("ray-head", "rdurack.processes.ray_head", [], logs), [])
+        # The head's Ray node takes `host`: each agent attaches to the Ray node of its
+        # own --host (actors.start_ray), which on one machine is the head's.
+        head = ["--host", host]
+        started("ray-head", _spawn("ray-head", "rdurack.processes.ray_head", head, logs), head)
         ready(children.await_ready({"ray-head": (procs["ray-head"], "ray-head")}, logs, deadline))
         agents: dict[str, tuple[subprocess.Popen[bytes], str]] = {}
         for i in range(nodes):

@@ -8,7 +8,9 @@ line on stderr, exit code 2:
     --platform     RDURACK_PLATFORM     platform preset (default sn40l-rack16)
     --spec         RDURACK_SPEC         what-if YAML applied to the platform
     --ray-address  RAY_ADDRESS          Ray cluster to join (empty: start a local one)
-    --host         RDURACK_HOST         address to serve on (default 127.0.0.1)
+    --host         RDURACK_HOST         address to serve on (default 127.0.0.1); also
+                                        the Ray node it joins (its host's, `ray start
+                                        --node-ip-address`), unless a wildcard
     --port         RDURACK_AGENT_PORT   NodeAgentService port (0: a free port)
     --time-scale   RDURACK_TIME_SCALE   wall seconds per emulated second (0: no pacing)
     --tls-ca, --tls-cert, --tls-key     mutual TLS among rack members, for NodeAgentService
@@ -79,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"node-agent: {e}", file=sys.stderr)
         return 2
     setup.configure(f"rdurack-node-agent-{args.node_index}")
-    start_ray(args.ray_address or None)
+    start_ray(args.ray_address or None, host=args.host)
     agent.start()
     service = NodeAgentService(agent, on_kill=_exit(args.node_index))
     try:
