@@ -18,7 +18,7 @@ import pytest
 
 from rdurack.api.job_service import serve_api
 from rdurack.api.server import Server, channel
-from rdurack.endpoint.rack import REACH_PAUSES_S, RackNotReached, reach
+from rdurack.endpoint.rack import REACH_PAUSES_S, RackModel, RackNotReached, reach
 from rdurack.endpoint.server import engines, on_rack
 from rdurack.orchestrator.jobs import JobState
 from rdurack.orchestrator.orchestrator import Orchestrator
@@ -217,6 +217,20 @@ def test_rdu_serve_started_before_its_rack_serves_on_it_once_it_is_up(
     assert "Traceback" not in text
 
 
+def _third_waits(ch: grpc.Channel) -> tuple[RackModel, RackModel, list[str]]:
+    """Two endpoint jobs of 8 sockets hold the rack's 16 (the first's and a second's);
+    a third, patient, will say what it waits for into the list."""
+    first, second, third = [
+        on_rack(engines(Predictor(RACK), [MODEL], SETTING, builtin_models(), rack=ch))[0]
+        for _ in range(3)
+    ]
+    first.hold()
+    second.hold()
+    said: list[str] = []
+    third.say, third.patient = said.append, True
+    return first, third, said
+
+
 def test_a_patient_hold_rides_over_an_orchestrator_that_stops_answering(tmp_path: Path) -> None:
     """The orchestrator's API goes away while an endpoint job waits for sockets (a
     restart, as the endpoint starts); the hold asks again, gets the same job once it
@@ -224,14 +238,7 @@ def test_a_patient_hold_rides_over_an_orchestrator_that_stops_answering(tmp_path
     port = free_port()
     address = f"127.0.0.1:{port}"
     with orchestrator(tmp_path / "jobs.sqlite", port) as (o, server), channel(address) as ch:
-        first, second, third = [
-            on_rack(engines(Predictor(RACK), [MODEL], SETTING, builtin_models(), rack=ch))[0]
-            for _ in range(3)
-        ]
-        first.hold()
-        second.hold()
-        said: list[str] = []
-        third.say, third.patient = said.append, True
+        first, third, said = _third_waits(ch)
         with ThreadPoolExecutor(1) as pool:
             holding = pool.submit(third.hold)
             until(lambda: said, "the third says it waits", 30)
@@ -301,14 +308,7 @@ def test_a_patient_hold_asks_again_after_a_call_the_stopping_server_cancelled(
     tmp_path: Path,
 ) -> None:
     with orchestrator(tmp_path / "jobs.sqlite") as (o, server), channel(server.address) as ch:
-        first, second, third = [
-            on_rack(engines(Predictor(RACK), [MODEL], SETTING, builtin_models(), rack=ch))[0]
-            for _ in range(3)
-        ]
-        first.hold()
-        second.hold()
-        said: list[str] = []
-        third.say, third.patient = said.append, True
+        first, third, said = _third_waits(ch)
         third.jobs = _StoppingJobs(third.jobs)  # type: ignore[assignment]
         with ThreadPoolExecutor(1) as pool:
             holding = pool.submit(third.hold)
