@@ -1,5 +1,5 @@
-"""rdurack.v1.JobService and rdurack.v1.RackService: the orchestrator on the wire;
-`serve_api` serves them with AdminService.
+"""rdurack.v1.JobService, the orchestrator on the wire; `serve_api` serves it with
+RackService (rack_service.py) and AdminService.
 
 Who calls comes from the Authenticator (bearer tokens; open without a tokens file):
 a tenant submits jobs as its own and sees, watches and cancels only those (another
@@ -17,6 +17,8 @@ import grpc
 from rdurack.api.admin_service import SERVICE as ADMIN_SERVICE
 from rdurack.api.admin_service import AdminService
 from rdurack.api.forward import Forwarder
+from rdurack.api.rack_service import SERVICE as RACK_SERVICE
+from rdurack.api.rack_service import Joining, RackService
 from rdurack.api.server import Server
 from rdurack.api.status import rpc, rpc_stream
 from rdurack.errors import InvalidRequest, NotLeader
@@ -25,7 +27,7 @@ from rdurack.orchestrator.orchestrator import Orchestrator
 from rdurack.security.auth import Authenticator
 from rdurack.security.guard import Bounds
 from rdurack.security.tls import TlsConfig
-from rdurack.v1 import job_pb2, job_pb2_grpc, rack_pb2, rack_pb2_grpc
+from rdurack.v1 import job_pb2, job_pb2_grpc
 from rdurack.wire import jobs as jc
 from rdurack.wire.passes import passes_from_proto
 from rdurack.wire.served import served_from_proto
@@ -33,7 +35,6 @@ from rdurack.workloads.coe.spec import MAX_PROMPT_CHARS, MAX_REQUESTS
 from rdurack.workloads.training.job import MAX_LOOP_BYTES
 
 JOB_SERVICE = job_pb2.DESCRIPTOR.services_by_name["JobService"].full_name
-RACK_SERVICE = rack_pb2.DESCRIPTOR.services_by_name["RackService"].full_name
 MAX_PAGE = 1000
 MAX_ID = 200  # characters: ids, request ids, names, cancel reasons
 
@@ -166,44 +167,6 @@ class JobService(job_pb2_grpc.JobServiceServicer):
             yield jc.event_to_proto(event)
 
 
-class RackService(rack_pb2_grpc.RackServiceServicer):
-    """The rack's state: any authenticated caller may see it. A tenant sees which of its
-    own jobs holds a socket; another tenant's job shows as OTHER_TENANT, not by id."""
-
-    def __init__(self, orchestrator: Orchestrator, auth: Authenticator | None = None) -> None:
-        self.o = orchestrator
-        self.auth = auth or Authenticator.open()
-
-    def add_to(self, server: grpc.Server) -> None:
-        rack_pb2_grpc.add_RackServiceServicer_to_server(self, server)
-
-    @rpc
-    def GetRack(
-        self, request: rack_pb2.GetRackRequest, context: grpc.ServicerContext
-    ) -> rack_pb2.GetRackResponse:
-        scope = self.auth.principal(context).scope
-        nodes = [jc.node_to_proto(n) for n in self.o.rack(scope)]
-        lease = self.o.store.lease()
-        control = rack_pb2.ControlPlane(
-            replica=self.o.elector.holder,
-            leader=lease.holder if lease.live else "",
-            term=lease.epoch if lease.live else 0,
-        )
-        return rack_pb2.GetRackResponse(
-            rack=rack_pb2.RackStatus(
-                platform=self.o.platform.name, nodes=nodes, control_plane=control
-            )
-        )
-
-    @rpc
-    def ListNodes(
-        self, request: rack_pb2.ListNodesRequest, context: grpc.ServicerContext
-    ) -> rack_pb2.ListNodesResponse:
-        scope = self.auth.principal(context).scope
-        nodes = [jc.node_to_proto(n) for n in self.o.rack(scope)]
-        return rack_pb2.ListNodesResponse(nodes=nodes)
-
-
 def _job_id(value: str) -> str:
     """A job id the request must set (its length is bounded by JOB_BOUNDS)."""
     if not value:
@@ -221,14 +184,16 @@ def serve_api(
     tls: TlsConfig | None = None,
     health_port: int | None = None,
     workers: int = 16,
+    joining: Joining | None = None,
 ) -> Server:
     """The orchestrator's public server: JobService and RackService with their bounds,
     request size limit, tokens (`auth`) and TLS, as orchestrator_main runs it; with
-    `faults`, AdminService too (admins only)."""
+    `faults`, AdminService too (admins only); with `joining`, agents on other hosts may
+    join the rack (rack_service.py)."""
     auth = auth or Authenticator.open()
     services = [
         (JOB_SERVICE, JobService(orchestrator, auth, tls).add_to),
-        (RACK_SERVICE, RackService(orchestrator, auth).add_to),
+        (RACK_SERVICE, RackService(orchestrator, auth, joining).add_to),
     ]
     if faults is not None:
         services.append((ADMIN_SERVICE, AdminService(faults, auth).add_to))

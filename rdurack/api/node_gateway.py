@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 
 import grpc
@@ -63,12 +64,18 @@ RECONNECT_OPTIONS = [
 # Wall seconds an abort or a fault call may take (the agent does them on the actors'
 # control threads: milliseconds, but a restarted socket actor takes a second or two).
 CONTROL_TIMEOUT_S = 30.0
+# Wall seconds a registration waits for the node's previous agent to answer before the
+# new one takes the node (a heartbeat answers in milliseconds when the agent is alive).
+REGISTER_PROBE_S = 2.0
+AWAITING = "no node agent has joined as this node yet (rdu join)"
 
 
 class GrpcNodeGateway:
-    """`agents[i]` is the address of node i's agent. With `tls`, every channel is mutual
-    TLS as a rack member (the agents accept nothing else). `platform`: the rack's, to
-    validate the faults agents report (needed by `clear_faults` and `faults`)."""
+    """`agents[i]` is the address of node i's agent; an empty one (or a list shorter
+    than the platform's nodes) is a node whose agent has not joined yet (`register`,
+    `rdu join`). With `tls`, every channel is mutual TLS as a rack member (the agents
+    accept nothing else). `platform`: the rack's, to validate the faults agents report
+    (needed by `clear_faults` and `faults`) and to count its nodes."""
 
     def __init__(
         self,
@@ -78,20 +85,69 @@ class GrpcNodeGateway:
         tls: TlsConfig | None = None,
         platform: PlatformSpec | None = None,
     ):
-        if not agents:
+        count = max(len(agents), platform.nodes if platform is not None else 0)
+        if count == 0:
             raise InvalidRequest("at least one node agent address is needed")
-        self.addresses = list(agents)
+        if platform is not None and len(agents) > platform.nodes:
+            raise InvalidRequest(
+                f"{len(agents)} node agent addresses for {platform.nodes} nodes of {platform.name}"
+            )
+        self.addresses = [*agents, *[""] * (count - len(agents))]
         self.timeout_s = timeout_s
         self.probe_s = probe_s
+        self._tls = tls
         self._topology = Topology(platform) if platform is not None else None
-        self._channels = [
-            channel(a, tls=tls, rack=True, options=RECONNECT_OPTIONS) for a in self.addresses
+        self._channels: list[grpc.Channel | None] = [self._channel(a) for a in self.addresses]
+        self._stubs = [
+            None if c is None else node_agent_pb2_grpc.NodeAgentServiceStub(c)
+            for c in self._channels
         ]
-        self._stubs = [node_agent_pb2_grpc.NodeAgentServiceStub(c) for c in self._channels]
+        self._registering = threading.Lock()
+
+    def _channel(self, address: str) -> grpc.Channel | None:
+        if not address:
+            return None
+        return channel(address, tls=self._tls, rack=True, options=RECONNECT_OPTIONS)
 
     def close(self) -> None:
         for c in self._channels:
-            c.close()
+            if c is not None:
+                c.close()
+
+    def register(self, node: int, address: str) -> bool:
+        """Node `node`'s agent is at `address` from now on (an agent that joined from
+        another host); whether that changed anything. Refused (RdurackError, on the wire
+        FAILED_PRECONDITION) while another agent serves the node and answers its
+        heartbeat: two agents claiming one node is a mistake to say, not to settle by
+        the last one."""
+        if not 0 <= node < len(self.addresses):
+            raise InvalidRequest(f"node {node}: the rack has nodes 0..{len(self.addresses) - 1}")
+        if not address or ":" not in address:
+            raise InvalidRequest(f"agent_address {address!r}: expected host:port")
+        with self._registering:  # one registration at a time: the check, then the swap
+            old = self.addresses[node]
+            if old == address:
+                return False
+            if old:
+                try:
+                    self.heartbeat(node, REGISTER_PROBE_S)
+                except RdurackError:
+                    pass  # the old agent is gone: the new one takes the node
+                else:
+                    raise RdurackError(
+                        f"node {node} is served by the agent at {old}, which answers; "
+                        f"stop it before another joins as node {node}"
+                    )
+            new = self._channel(address)
+            assert new is not None
+            # Stub before address: a reader never sees the new address with the old stub.
+            previous = self._channels[node]
+            self._channels[node] = new
+            self._stubs[node] = node_agent_pb2_grpc.NodeAgentServiceStub(new)
+            self.addresses[node] = address
+        if previous is not None:
+            previous.close()
+        return True
 
     def _call(
         self,
@@ -104,8 +160,11 @@ class GrpcNodeGateway:
     ) -> object:
         if not 0 <= node < len(self._stubs):
             raise InvalidRequest(f"no agent for node {node}")
+        stub = self._stubs[node]
+        if stub is None:
+            raise LinkFailure(f"node {node}: {what}: {AWAITING}")
         try:
-            return getattr(self._stubs[node], method)(request, timeout=timeout_s)
+            return getattr(stub, method)(request, timeout=timeout_s)
         except grpc.RpcError as e:
             code = e.code() if hasattr(e, "code") else grpc.StatusCode.UNKNOWN
             details = e.details() if hasattr(e, "details") else str(e)

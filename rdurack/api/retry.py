@@ -30,6 +30,7 @@ IDEMPOTENT = frozenset(
         "rdurack.v1.JobService/WatchJob",
         "rdurack.v1.RackService/GetRack",
         "rdurack.v1.RackService/ListNodes",
+        "rdurack.v1.RackService/RegisterNode",  # the same address again is no change
         "rdurack.v1.AdminService/ListFaults",
         "rdurack.v1.NodeAgentService/GetNode",
         "rdurack.v1.NodeAgentService/ListFaults",

@@ -48,6 +48,7 @@ def build_app() -> typer.Typer:
         {
             "up": rack.up_cmd,
             "down": rack.down_cmd,
+            "join": rack.join_cmd,
             "watch": talks_to_orchestrator(jobs.watch_cmd),
             "job": talks_to_orchestrator(jobs.job_cmd),
             "cancel": talks_to_orchestrator(jobs.cancel_cmd),

@@ -13,7 +13,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from rdurack.cli.options import JsonOpt, PortOpt, StateDirOpt
+from rdurack.cli.options import JsonOpt, PortOpt, StateDirOpt, TokenOpt
 from rdurack.cli.views import format_seconds, format_size, rack_dict
 from rdurack.client.connection import Target
 from rdurack.client.rack import RackClient
@@ -61,10 +61,36 @@ def up_cmd(
             "~/.pgpass), or a SQLite file; default STATE_DIR/jobs.sqlite",
         ),
     ] = "",
+    host: Annotated[
+        str,
+        typer.Option(
+            "--host",
+            envvar="RDURACK_HOST",
+            help="the address every process serves on (default loopback); with --head, "
+            "one the other hosts reach",
+        ),
+    ] = "127.0.0.1",
+    head: Annotated[
+        bool,
+        typer.Option(
+            "--head",
+            help="a rack other hosts join (rdu join --head ORCHESTRATOR): start the "
+            "agents of --local-nodes nodes here, the others join",
+        ),
+    ] = False,
+    local_nodes: Annotated[
+        int | None,
+        typer.Option(min=0, help="with --head: node agents to start here, nodes 0.. (default 0)"),
+    ] = None,
 ) -> None:
     """Start local Ray, the node agents and the orchestrator (and with --serve the
-    OpenAI-compatible endpoint on them); return once all serve."""
+    OpenAI-compatible endpoint on them); return once all serve. With --head, other
+    hosts' agents join the rack with rdu join."""
+    from rdurack.errors import RdurackError
     from rdurack.processes import local_rack
+
+    if local_nodes is not None and not head:
+        raise RdurackError("--local-nodes needs --head (the other nodes join from other hosts)")
 
     rack = local_rack.up(
         state_dir,
@@ -80,12 +106,74 @@ def up_cmd(
         serve_port=serve_port,
         serve_sockets=serve_sockets,
         store=store,
+        host=host,
+        local_nodes=(local_nodes or 0) if head else None,
     )
     print(
         f"rack up: {nodes} x {sockets_per_node} sockets; orchestrator at {rack.orchestrator}; "
         f"logs in {state_dir / 'logs'}; stop it with: rdu down --state-dir {state_dir}"
     )
+    if head:
+        here = local_nodes or 0
+        print(
+            f"nodes {here}..{nodes - 1} wait for agents from other hosts; on each run: "
+            f"rdu join --head {rack.orchestrator} --host THAT_HOST [--nodes N]"
+        )
     print(f"security: {rack.security()}")
+
+
+def join_cmd(
+    head: Annotated[
+        str, typer.Option("--head", help="the rack's orchestrator (host:port), rdu up --head's")
+    ],
+    host: Annotated[
+        str,
+        typer.Option(
+            "--host", envvar="RDURACK_HOST", help="this host's address, which the head reaches"
+        ),
+    ],
+    nodes: Annotated[int, typer.Option(min=1, help="node agents to start here")] = 1,
+    state_dir: StateDirOpt = Path(".state"),
+    timeout: Annotated[float, typer.Option(min=1, help="seconds to wait for readiness")] = 120,
+    token: TokenOpt = "",
+    tls_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--tls-dir",
+            help="a TLS rack: the head's STATE_DIR/tls (ca.crt, tls.crt, tls.key), copied here",
+        ),
+    ] = None,
+    time_scale: Annotated[
+        float, typer.Option(min=0, help="pacing: wall s per emulated s (0: no pacing)")
+    ] = 0.0,
+) -> None:
+    """Join a rack that runs on another host (rdu up --head there): a Ray worker node
+    and node agents on this host, which register with its orchestrator. rdu down
+    --state-dir stops them."""
+    from rdurack.processes import join
+    from rdurack.security import certs
+
+    tls = None
+    if tls_dir is not None:
+        tls = join.TlsFiles(
+            tls_dir / certs.CA_FILE, tls_dir / certs.CERT_FILE, tls_dir / certs.KEY_FILE
+        )
+    rack = join.join(
+        state_dir,
+        head,
+        host,
+        nodes,
+        timeout,
+        tls=tls,
+        token=token,
+        time_scale=time_scale,
+        on_ready=lambda name, address: print(f"{name:<14} ready at {address}", flush=True),
+    )
+    taken = sorted(n for n in rack.addresses if n.startswith("node-agent-"))
+    print(
+        f"joined the rack at {head}: {', '.join(taken)} on {host}; logs in "
+        f"{state_dir / 'logs'}; stop them with: rdu down --state-dir {state_dir}"
+    )
 
 
 def down_cmd(state_dir: StateDirOpt = Path(".state")) -> None:

@@ -83,6 +83,25 @@ def await_ready(
     return ready
 
 
+def await_line(
+    name: str, proc: subprocess.Popen[bytes], logs: Path, needle: str, deadline: float
+) -> None:
+    """Wait until LOGS/name.log has a line containing `needle` (a process that prints
+    no `ready at` line of ours, such as `ray start`); RdurackError as `await_ready`."""
+    log = logs / f"{name}.log"
+    while True:
+        try:
+            if needle in log.read_text(errors="replace"):
+                return
+        except OSError:
+            pass
+        if proc.poll() is not None:
+            raise failed(name, logs, f"exited with code {proc.returncode}")
+        if time.monotonic() > deadline:
+            raise failed(name, logs, "was not ready before the deadline")
+        time.sleep(0.05)
+
+
 def failed(name: str, logs: Path, what: str) -> RdurackError:
     log = logs / f"{name}.log"
     return RdurackError(f"{name} {what}; the end of {log}:\n{tail(log)}")

@@ -42,6 +42,7 @@ from rdurack import RAY_ENVIRONMENT
 from rdurack.errors import RdurackError
 from rdurack.orchestrator.store.jobstore import is_url
 from rdurack.processes import children, rack_record
+from rdurack.processes.registration import TOKEN_ENV
 from rdurack.security import certs
 from rdurack.security.auth import load_tokens
 from rdurack.security.tls import (
@@ -59,7 +60,10 @@ DEFAULT_SHAPE = (2, 8)  # nodes, sockets per node of sn40l-rack16
 SPEC_FILE = "platform.yaml"
 TRACES_DIR = "traces"  # STATE_DIR/traces: the processes' trace files (telemetry/file_export.py)
 TLS_DIR = "tls"  # STATE_DIR/tls: `up --tls`'s throwaway CA and member certificate
-SECURITY_ENV = (ENV_CA, ENV_CERT, ENV_KEY, ENV_RACK_IDENTITY, ENV_SERVER_NAME, "RDURACK_TOKENS")
+SECURITY_ENV = (
+    *(ENV_CA, ENV_CERT, ENV_KEY, ENV_RACK_IDENTITY, ENV_SERVER_NAME),
+    *("RDURACK_TOKENS", TOKEN_ENV),
+)
 STOP_WAIT_S = 15.0
 
 
@@ -77,7 +81,8 @@ def trace_dir(state_dir: Path) -> Path:
     return Path(os.environ.get(TRACE_DIR_ENV) or state_dir / TRACES_DIR)
 
 
-def _env(state_dir: Path) -> dict[str, str]:
+def child_env(state_dir: Path) -> dict[str, str]:
+    """The environment of the rack's processes (and of Ray's workers, which inherit it)."""
     # Ray's workers (the socket actors) inherit the environment of the Ray head, so the
     # trace dir reaches every process of the rack this way. Absolute: the children may
     # change directory. A user's own value (even empty: no files) wins.
@@ -89,7 +94,7 @@ def _env(state_dir: Path) -> dict[str, str]:
 
 
 def _spawn(name: str, module: str, args: list[str], logs: Path) -> subprocess.Popen[bytes]:
-    return children.spawn(name, module, args, logs, _env(logs.parent))  # logs: STATE_DIR/logs
+    return children.spawn(name, module, args, logs, child_env(logs.parent))  # logs: STATE_DIR/logs
 
 
 def up(
@@ -107,6 +112,7 @@ def up(
     serve_port: int = 8000,
     serve_sockets: int = 8,
     store: str = "",
+    local_nodes: int | None = None,
 ) -> rack_record.RackProcesses:
     """Start the Ray head, `nodes` node agents and the orchestrator; return when all
     serve. On failure, stop what was started and raise an RdurackError naming the
@@ -114,9 +120,13 @@ def up(
     each becomes ready. `tls`, `tokens`: the module docstring. `time_scale`: the sockets'
     pacing, wall s per emulated s (0: as fast as the machine allows). `store`: the
     orchestrator's job store, a postgresql:// URL or a SQLite path (empty:
-    STATE_DIR/jobs.sqlite)."""
+    STATE_DIR/jobs.sqlite). `local_nodes`: start agents for nodes 0..local_nodes-1 only;
+    the others join from other hosts (`rdu join`, join.py; None: every node here)."""
     if nodes < 1 or sockets_per_node < 1:
         raise RdurackError("--nodes and --sockets-per-node must be at least 1")
+    here = nodes if local_nodes is None else local_nodes
+    if not 0 <= here <= nodes:
+        raise RdurackError(f"--local-nodes {here}: the rack has {nodes} nodes (0..{nodes})")
     if not 0 <= port <= 65535:
         raise RdurackError(f"--port {port}: not a TCP port (0..65535)")
     if tokens is not None:
@@ -135,9 +145,14 @@ def up(
     logs = state_dir / "logs"
     logs.mkdir(exist_ok=True)
     rack = rack_record.RackProcesses(state_dir, DEFAULT_PLATFORM, nodes, sockets_per_node)
+    rack.host = host
     security: list[str] = []
     if tls:
-        tls_dir = certs.write_rack_set((state_dir / TLS_DIR).resolve(), DEFAULT_RACK_IDENTITY)
+        # Clients on other hosts dial `host`: the certificate names it too.
+        hosts = [*certs.LOCAL_HOSTS, *([host] if host not in certs.LOCAL_HOSTS else [])]
+        tls_dir = certs.write_rack_set(
+            (state_dir / TLS_DIR).resolve(), DEFAULT_RACK_IDENTITY, hosts
+        )
         security = ["--tls-ca", str(tls_dir / certs.CA_FILE)]
         security += ["--tls-cert", str(tls_dir / certs.CERT_FILE)]
         security += ["--tls-key", str(tls_dir / certs.KEY_FILE)]
@@ -177,7 +192,7 @@ def up(
         started("ray-head", _spawn("ray-head", "rdurack.processes.ray_head", head, logs), head)
         ready(children.await_ready({"ray-head": (procs["ray-head"], "ray-head")}, logs, deadline))
         agents: dict[str, tuple[subprocess.Popen[bytes], str]] = {}
-        for i in range(nodes):
+        for i in range(here):
             name = f"node-agent-{i}"
             args = ["--node-index", str(i), "--ray-address", rack.addresses["ray-head"]]
             args += ["--host", host, "--port", "0", "--platform", DEFAULT_PLATFORM, *spec]
@@ -188,6 +203,7 @@ def up(
         args = ["--host", host, "--port", str(port), "--state-dir", str(state_dir.resolve())]
         args += ["--platform", DEFAULT_PLATFORM, *spec]
         args += ["--agents", ",".join(rack.addresses[n] for n in agents), *security]
+        args += ["--ray-address", rack.addresses["ray-head"]]
         if tokens is not None:
             args += ["--tokens", rack.tokens]
         if store:

@@ -18,6 +18,13 @@ line on stderr, exit code 2:
     --tls-rack-identity RDURACK_TLS_RACK_IDENTITY  the rack members' certificate name
     --health-port  RDURACK_HEALTH_PORT  plaintext grpc.health.v1 only, for Kubernetes
                                         probes (default: off)
+    --register     RDURACK_REGISTER     orchestrator addresses (every replica's,
+                                        comma-separated) to register this node with, as
+                                        an agent joining from another host (`rdu join`)
+                                        does; again every few seconds (registration.py)
+                   RDURACK_TOKEN        the admin bearer token RegisterNode then needs
+                                        when the orchestrator requires tokens (the
+                                        environment only: not in the process list)
 
 It prints one line `node-agent <index> ready at <host:port>` once every socket serves.
 """
@@ -39,6 +46,7 @@ from rdurack.api.server import Server
 from rdurack.errors import RdurackError
 from rdurack.node_agent.actors import start_ray
 from rdurack.node_agent.agent import NodeAgent
+from rdurack.processes.registration import TOKEN_ENV, WILDCARDS, Registration
 from rdurack.processes.settings import TlsSettings, env, load
 from rdurack.processes.stop_signal import StopSignal
 from rdurack.rack.whatif import load_platform
@@ -64,6 +72,11 @@ class NodeAgentSettings(TlsSettings):
     port: int = Field(0, ge=0, le=65535, json_schema_extra=env("RDURACK_AGENT_PORT"))
     time_scale: float = Field(0.0, ge=0)  # wall s per emulated s
     health_port: int | None = Field(None, ge=0, le=65535)
+    register: str = ""  # comma-separated orchestrator addresses
+
+    @property
+    def orchestrators(self) -> list[str]:
+        return [a.strip() for a in self.register.split(",") if a.strip()]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -74,6 +87,11 @@ def main(argv: list[str] | None = None) -> int:
         tls = args.tls()
         if tls is not None:
             tls.key_pair()  # mutual TLS needs its own certificate: refuse now, not later
+        if args.orchestrators and args.host in WILDCARDS:
+            raise RdurackError(
+                f"--register with --host {args.host}: the orchestrator needs this host's "
+                "own address to reach the agent at"
+            )
         agent = NodeAgent(
             args.node_index, platform, time_scale=args.time_scale, host=args.host, tls=tls
         )
@@ -102,8 +120,16 @@ def main(argv: list[str] | None = None) -> int:
     if server.health_address is not None:
         print(f"node-agent {args.node_index} health (plaintext) at {server.health_address}")
     print(f"node-agent {args.node_index} ready at {server.address}", flush=True)
+    registration = None
+    if args.orchestrators:
+        token = os.environ.get(TOKEN_ENV) or None
+        registration = Registration(
+            args.orchestrators, args.node_index, server.address, tls=tls, token=token
+        ).start()
 
     StopSignal().install().wait()
+    if registration is not None:
+        registration.stop()
     server.stop()
     agent.stop()
     ray.shutdown()

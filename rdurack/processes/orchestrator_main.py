@@ -3,7 +3,12 @@
 Settings come from flags, else the environment (`OrchestratorSettings`, read as
 processes/settings.py says); a value it cannot take is one line on stderr, exit code 2:
 
-    --agents      RDURACK_AGENTS             node agent addresses, node 0 first, comma-separated
+    --agents      RDURACK_AGENTS             node agent addresses, node 0 first, comma-separated;
+                                             fewer than the platform's nodes: the other
+                                             nodes' agents join from other hosts (`rdu
+                                             join`, RackService.RegisterNode)
+    --ray-address RDURACK_RAY_ADDRESS        the rack's Ray cluster, told to agents that
+                                             join (GetRack; default: none given)
     --state-dir   RDURACK_STATE_DIR          where the job store lives without --store
                                              (DIR/jobs.sqlite; default .state)
     --store       RDURACK_STORE              the job store: a SQLite file path, or a
@@ -49,12 +54,14 @@ import sys
 from pathlib import Path
 from typing import Literal
 
+import yaml
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
 from rdurack.api import metrics as rack_metrics
 from rdurack.api.job_service import serve_api
 from rdurack.api.node_gateway import GrpcNodeGateway
+from rdurack.api.rack_service import Joining
 from rdurack.api.server import security_notice
 from rdurack.errors import RdurackError
 from rdurack.orchestrator.fault_injector import FaultInjector
@@ -87,6 +94,7 @@ class OrchestratorSettings(TlsSettings):
     )
 
     agents: str = ""  # comma-separated; `agent_addresses` splits them
+    ray_address: str = ""
     state_dir: Path = Path(".state")
     store: str = ""  # empty: STATE_DIR/jobs.sqlite
     host: str = "127.0.0.1"
@@ -118,17 +126,18 @@ def main(argv: list[str] | None = None) -> int:
         args = load(OrchestratorSettings, argv)
         agents = args.agent_addresses
         platform = load_platform(args.platform, args.spec)
-        if len(agents) != platform.nodes:
+        if len(agents) > platform.nodes:
             raise RdurackError(
                 f"--agents: {platform.name} has {platform.nodes} nodes; got {len(agents)} "
                 "agent addresses"
             )
+        spec_text = _spec_for_joiners(args.platform, args.spec)
         tls = args.tls()
         if tls is not None:
             tls.key_pair()  # a server needs its own certificate: refuse now, not later
         auth = Authenticator.from_file(args.tokens)
         store = JobStore(args.store or args.state_dir / "jobs.sqlite")
-    except (RdurackError, ValueError) as e:
+    except (RdurackError, ValueError, OSError) as e:
         print(f"orchestrator: {e}", file=sys.stderr)
         return 2
     setup.configure("rdurack-orchestrator")
@@ -155,11 +164,18 @@ def main(argv: list[str] | None = None) -> int:
             tls=tls,
             health_port=args.health_port,
             workers=SERVER_WORKERS,
+            joining=Joining(gateway.register, args.ray_address, spec_text),
         )
     except OSError as e:
         print(f"orchestrator: {e}", file=sys.stderr)
         orchestrator.stop()
         return 2
+    if len(agents) < platform.nodes:
+        print(
+            f"orchestrator: nodes {len(agents)}..{platform.nodes - 1} wait for their agents "
+            f"to join: rdu join --head {server.address}",
+            flush=True,
+        )
     if recovered:
         print(f"orchestrator recovered {len(recovered)} jobs", flush=True)
     if orchestrator.leading:
@@ -194,6 +210,16 @@ def main(argv: list[str] | None = None) -> int:
     store.close()
     setup.shutdown()
     return 0
+
+
+def _spec_for_joiners(preset: str, spec: Path | None) -> str:
+    """The platform as a what-if YAML that names its base preset, for agents that join
+    from other hosts (they load it as `--spec`, whatever their own --platform)."""
+    text = spec.read_text(encoding="utf-8") if spec is not None else ""
+    raw = yaml.safe_load(text) if text else None
+    if isinstance(raw, dict) and "base" in raw:
+        return text
+    return f"base: {preset}\n{text}"
 
 
 if __name__ == "__main__":

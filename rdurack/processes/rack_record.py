@@ -34,18 +34,20 @@ class RackProcesses:
     started_s: dict[str, float] = field(default_factory=dict)  # psutil create_time
     tls_ca: str = ""  # the CA clients must trust; "" when plaintext
     tokens: str = ""  # the tokens file the orchestrator checks; "" when open
+    host: str = "127.0.0.1"  # the address its processes serve on
 
     def security(self) -> str:
         """One line: how the rack is protected, and what a client needs."""
+        loopback = self.host in ("127.0.0.1", "::1", "localhost")
+        where = "loopback (127.0.0.1)" if loopback else f"{self.host}, open to other hosts"
         transport = (
-            f"TLS (clients: --tls-ca {self.tls_ca})"
-            if self.tls_ca
-            else "plaintext on loopback (127.0.0.1)"
+            f"TLS (clients: --tls-ca {self.tls_ca})" if self.tls_ca else f"plaintext on {where}"
         )
+        who = "anyone on this machine" if loopback else f"anyone who reaches {self.host}"
         access = (
             f"bearer tokens required (tokens file {self.tokens}; clients: --token)"
             if self.tokens
-            else "unauthenticated: anyone on this machine may submit, cancel and inject faults"
+            else f"unauthenticated: {who} may submit, cancel and inject faults"
         )
         return f"{transport}; {access}"
 
@@ -67,6 +69,7 @@ class RackProcesses:
             "logs": str(self.state_dir / "logs"),
             "tls_ca": self.tls_ca,
             "tokens": self.tokens,
+            "host": self.host,
         }
 
     def save(self) -> None:

@@ -10,8 +10,10 @@ import grpc
 import pytest
 import ray
 
-from rdurack.api.job_service import JOB_SERVICE, RACK_SERVICE, JobService, RackService
+from rdurack.api.job_service import JOB_SERVICE, JobService
 from rdurack.api.node_gateway import GrpcNodeGateway
+from rdurack.api.rack_service import SERVICE as RACK_SERVICE
+from rdurack.api.rack_service import RackService
 from rdurack.api.server import Server, channel
 from rdurack.node_agent.actors import start_ray
 from rdurack.orchestrator.orchestrator import Orchestrator

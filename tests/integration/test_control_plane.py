@@ -21,7 +21,8 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from rdurack.api.job_service import JOB_SERVICE, RACK_SERVICE
+from rdurack.api.job_service import JOB_SERVICE
+from rdurack.api.rack_service import SERVICE as RACK_SERVICE
 from rdurack.rack.presets import platform
 from rdurack.v1 import common_pb2, job_pb2, rack_pb2
 from tests.support.agents import ServedAgent

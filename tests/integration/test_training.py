@@ -11,8 +11,10 @@ import grpc
 import numpy as np
 import pytest
 
-from rdurack.api.job_service import JOB_SERVICE, RACK_SERVICE, JobService, RackService
+from rdurack.api.job_service import JOB_SERVICE, JobService
 from rdurack.api.node_gateway import GrpcNodeGateway
+from rdurack.api.rack_service import SERVICE as RACK_SERVICE
+from rdurack.api.rack_service import RackService
 from rdurack.api.server import Server, channel
 from rdurack.cli.views import job_dict
 from rdurack.client.training import run_training_loop

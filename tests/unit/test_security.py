@@ -401,6 +401,7 @@ def test_rdu_up_takes_security_from_its_flags_not_the_shell(
     monkeypatch.setenv("RDURACK_TLS_CA", str(tmp_path / "ca.crt"))
     monkeypatch.setenv("RDURACK_TOKENS", str(tmp_path / "tokens.yaml"))
     monkeypatch.setenv("RDURACK_TOKEN", "a client's token")
-    env = local_rack._env(tmp_path)
+    env = local_rack.child_env(tmp_path)
     assert "RDURACK_TLS_CA" not in env and "RDURACK_TOKENS" not in env
-    assert env["RDURACK_TOKEN"] == "a client's token"  # harmless: servers never read it
+    # Nor a client's token: an agent that registers (rdu join) reads RDURACK_TOKEN.
+    assert "RDURACK_TOKEN" not in env
