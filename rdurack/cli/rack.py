@@ -82,6 +82,15 @@ def up_cmd(
         int | None,
         typer.Option(min=0, help="with --head: node agents to start here, nodes 0.. (default 0)"),
     ] = None,
+    link_ports: Annotated[
+        str,
+        typer.Option(
+            "--link-ports",
+            envvar="RDURACK_LINK_PORTS",
+            help="LO-HI: the sockets' link servers bind the first free ports of this range "
+            "(default: any free port)",
+        ),
+    ] = "",
 ) -> None:
     """Start local Ray, the node agents and the orchestrator (and with --serve the
     OpenAI-compatible endpoint on them); return once all serve. With --head, other
@@ -108,6 +117,7 @@ def up_cmd(
         store=store,
         host=host,
         local_nodes=(local_nodes or 0) if head else None,
+        link_ports=link_ports,
     )
     print(
         f"rack up: {nodes} x {sockets_per_node} sockets; orchestrator at {rack.orchestrator}; "
@@ -146,6 +156,15 @@ def join_cmd(
     time_scale: Annotated[
         float, typer.Option(min=0, help="pacing: wall s per emulated s (0: no pacing)")
     ] = 0.0,
+    link_ports: Annotated[
+        str,
+        typer.Option(
+            "--link-ports",
+            envvar="RDURACK_LINK_PORTS",
+            help="LO-HI: the sockets' link servers bind the first free ports of this range "
+            "(default: any free port)",
+        ),
+    ] = "",
 ) -> None:
     """Join a rack that runs on another host (rdu up --head there): a Ray worker node
     and node agents on this host, which register with its orchestrator. rdu down
@@ -167,6 +186,7 @@ def join_cmd(
         tls=tls,
         token=token,
         time_scale=time_scale,
+        link_ports=link_ports,
         on_ready=lambda name, address: print(f"{name:<14} ready at {address}", flush=True),
     )
     taken = sorted(n for n in rack.addresses if n.startswith("node-agent-"))

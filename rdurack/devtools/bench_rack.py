@@ -20,7 +20,8 @@ import ray
 from rdurack.devtools import bench_rack_floors as floors
 from rdurack.devtools.bench_figure import BenchFigure
 from rdurack.node_agent.actors import start_ray
-from rdurack.node_agent.agent import NodeAgent, start_rack
+from rdurack.node_agent.agent import NodeAgent
+from rdurack.node_agent.in_process import start_rack
 from rdurack.rack.presets import platform
 
 JOB = "bench"

@@ -11,7 +11,7 @@ Faults (docs/faults.md): the agent applies its node's part of each injected faul
 keeps them until cleared; a socket actor that died stays dead, reported by `heartbeat`,
 until `clear_faults` restarts it, continuing its predecessor's emulated clock under the
 faults still in force. What each socket must be told is decided by fault_plan.py
-(pure); this class makes the calls. `start_rack` starts every node's agent in one
+(pure); this class makes the calls. `in_process.start_rack` starts every node's agent in one
 process, for tests and benchmarks.
 """
 
@@ -20,7 +20,6 @@ from __future__ import annotations
 import threading
 import uuid
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -64,9 +63,11 @@ class NodeAgent:
         call_timeout_s: float = 60.0,
         link_timeout_s: float = 30.0,
         tls: TlsConfig | None = None,
+        link_ports: range | None = None,
     ) -> None:
         """`tls`: the sockets' links are mutual TLS among rack members (the files must
-        be readable where the actors run: this node)."""
+        be readable where the actors run: this node). `link_ports`: where the sockets'
+        link servers bind, each the first free port of the range (None: any free one)."""
         if not 0 <= node_index < platform.nodes:
             raise InvalidRequest(
                 f"node index {node_index} is not a node of {platform.name} "
@@ -93,6 +94,7 @@ class NodeAgent:
             host=host,
             timeout_s=link_timeout_s,
             tls=tls,
+            port=link_ports or 0,
         )
         # The faults change while gRPC threads apply them (inject, clear, restart).
         self._lock = threading.RLock()
@@ -480,21 +482,3 @@ class NodeAgent:
 
     def _get(self, refs: list[Any], what: str, timeout_s: float | None = None) -> list[Any]:
         return self._sockets.get(refs, what, timeout_s)
-
-
-def start_rack(platform: PlatformSpec, **options: Any) -> list[NodeAgent]:
-    """Start an agent for every node of `platform` in this process (in parallel), and
-    give every socket the link addresses of all the others. `options` go to NodeAgent.
-    This is how tests and benchmarks build a whole rack on one machine."""
-    agents = [NodeAgent(i, platform, **options) for i in range(platform.nodes)]
-    with ThreadPoolExecutor(max_workers=len(agents)) as pool:
-        started = [pool.submit(a.start) for a in agents]
-    errors = [e for f in started if (e := f.exception()) is not None]
-    if errors:
-        for a in agents:
-            a.stop()
-        raise errors[0]
-    peers = {sid: addr for a in agents for sid, addr in a.addresses().items()}
-    for a in agents:
-        a.connect(peers)
-    return agents

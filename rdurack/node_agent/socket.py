@@ -65,13 +65,14 @@ class Socket(Serving):
         *,
         time_scale: float = 0.0,
         host: str = "127.0.0.1",
-        port: int = 0,
+        port: int | range = 0,
         timeout_s: float = 30.0,
         tls: TlsConfig | None = None,
         clock_ns: int = 0,
         tracer_provider: trace.TracerProvider | None = None,
     ) -> None:
-        """`timeout_s`: how long a collective waits for a peer's message, wall seconds.
+        """`port`: its link server's (0: any free one; a range: its first free one).
+        `timeout_s`: how long a collective waits for a peer's message, wall seconds.
         `tls`: its links are mutual TLS among rack members (plaintext without).
         `clock_ns`: where the emulated clock starts (a socket restarted after a fault
         continues from its predecessor's clock, so time on a socket never runs back).

@@ -36,6 +36,7 @@ from rdurack.errors import RdurackError
 from rdurack.processes import children, rack_record
 from rdurack.processes.local_rack import DEFAULT_PLATFORM, SPEC_FILE, child_env, down
 from rdurack.processes.registration import TOKEN_ENV, WILDCARDS
+from rdurack.processes.settings import port_range
 from rdurack.security.tls import tls_from
 from rdurack.v1 import rack_pb2
 
@@ -69,17 +70,20 @@ def join(
     tls: TlsFiles | None = None,
     token: str = "",
     time_scale: float = 0.0,
+    link_ports: str = "",
     on_ready: Callable[[str, str], None] | None = None,
 ) -> rack_record.RackProcesses:
     """Join the rack whose orchestrator serves at `head` with `nodes` node agents on
     this host (`host`, an address the head's machines reach); what was started. On
-    failure, stop what was started and raise an RdurackError saying why."""
+    failure, stop what was started and raise an RdurackError saying why.
+    `link_ports`: "LO-HI", where the sockets' link servers bind (empty: any free port)."""
     if host in WILDCARDS:
         raise RdurackError(
             f"--host {host!r}: give this host's own address, which the head's machines reach it at"
         )
     if nodes < 1:
         raise RdurackError(f"--nodes {nodes}: at least 1")
+    port_range(link_ports, "--link-ports")  # refused before anything starts
     state_dir.mkdir(parents=True, exist_ok=True)
     if live := rack_record.live_pids(state_dir):
         names = ", ".join(f"{n} (pid {p})" for n, p in live.items())
@@ -120,8 +124,9 @@ def join(
             name = f"node-agent-{node}"
             args = ["--node-index", str(node), "--ray-address", rack.ray_address]
             args += ["--host", host, "--port", "0", "--platform", DEFAULT_PLATFORM]
-            args += ["--spec", str(spec_file), "--register", head]
+            args += ["--spec", str(spec_file), "--register-with", head]
             args += ["--time-scale", f"{time_scale:g}", *(tls.args() if tls else [])]
+            args += ["--link-ports", link_ports] if link_ports else []
             proc = children.spawn(name, "rdurack.processes.node_agent_main", args, logs, agent_env)
             _started(record, name, proc, args)
             agents[name] = (proc, f"node-agent {node}")

@@ -43,6 +43,7 @@ from rdurack.errors import RdurackError
 from rdurack.orchestrator.store.jobstore import is_url
 from rdurack.processes import children, rack_record
 from rdurack.processes.registration import TOKEN_ENV
+from rdurack.processes.settings import port_range
 from rdurack.security import certs
 from rdurack.security.auth import load_tokens
 from rdurack.security.tls import (
@@ -113,6 +114,7 @@ def up(
     serve_sockets: int = 8,
     store: str = "",
     local_nodes: int | None = None,
+    link_ports: str = "",
 ) -> rack_record.RackProcesses:
     """Start the Ray head, `nodes` node agents and the orchestrator; return when all
     serve. On failure, stop what was started and raise an RdurackError naming the
@@ -121,12 +123,14 @@ def up(
     pacing, wall s per emulated s (0: as fast as the machine allows). `store`: the
     orchestrator's job store, a postgresql:// URL or a SQLite path (empty:
     STATE_DIR/jobs.sqlite). `local_nodes`: start agents for nodes 0..local_nodes-1 only;
-    the others join from other hosts (`rdu join`, join.py; None: every node here)."""
+    the others join from other hosts (`rdu join`, join.py; None: every node here).
+    `link_ports`: "LO-HI", where the sockets' link servers bind (empty: any free port)."""
     if nodes < 1 or sockets_per_node < 1:
         raise RdurackError("--nodes and --sockets-per-node must be at least 1")
     here = nodes if local_nodes is None else local_nodes
     if not 0 <= here <= nodes:
         raise RdurackError(f"--local-nodes {here}: the rack has {nodes} nodes (0..{nodes})")
+    port_range(link_ports, "--link-ports")  # refused before anything starts
     if not 0 <= port <= 65535:
         raise RdurackError(f"--port {port}: not a TCP port (0..65535)")
     if tokens is not None:
@@ -197,6 +201,7 @@ def up(
             args = ["--node-index", str(i), "--ray-address", rack.addresses["ray-head"]]
             args += ["--host", host, "--port", "0", "--platform", DEFAULT_PLATFORM, *spec]
             args += [*security, "--time-scale", f"{time_scale:g}"]
+            args += ["--link-ports", link_ports] if link_ports else []
             started(name, _spawn(name, "rdurack.processes.node_agent_main", args, logs), args)
             agents[name] = (procs[name], f"node-agent {i}")
         ready(children.await_ready(agents, logs, deadline))

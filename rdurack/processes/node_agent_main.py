@@ -12,13 +12,16 @@ line on stderr, exit code 2:
                                         the Ray node it joins (its host's, `ray start
                                         --node-ip-address`), unless a wildcard
     --port         RDURACK_AGENT_PORT   NodeAgentService port (0: a free port)
+    --link-ports   RDURACK_LINK_PORTS   LO-HI: the sockets' link servers bind the first
+                                        free ports of this range, for a firewall between
+                                        hosts (default: any free port)
     --time-scale   RDURACK_TIME_SCALE   wall seconds per emulated second (0: no pacing)
     --tls-ca, --tls-cert, --tls-key     mutual TLS among rack members, for NodeAgentService
                    RDURACK_TLS_CA, _CERT, _KEY  and every socket's links (default: plaintext)
     --tls-rack-identity RDURACK_TLS_RACK_IDENTITY  the rack members' certificate name
     --health-port  RDURACK_HEALTH_PORT  plaintext grpc.health.v1 only, for Kubernetes
                                         probes (default: off)
-    --register     RDURACK_REGISTER     orchestrator addresses (every replica's,
+    --register-with RDURACK_REGISTER_WITH  orchestrator addresses (every replica's,
                                         comma-separated) to register this node with, as
                                         an agent joining from another host (`rdu join`)
                                         does; again every few seconds (registration.py)
@@ -47,7 +50,7 @@ from rdurack.errors import RdurackError
 from rdurack.node_agent.actors import start_ray
 from rdurack.node_agent.agent import NodeAgent
 from rdurack.processes.registration import TOKEN_ENV, WILDCARDS, Registration
-from rdurack.processes.settings import TlsSettings, env, load
+from rdurack.processes.settings import TlsSettings, env, load, port_range
 from rdurack.processes.stop_signal import StopSignal
 from rdurack.rack.whatif import load_platform
 from rdurack.telemetry import setup
@@ -72,11 +75,16 @@ class NodeAgentSettings(TlsSettings):
     port: int = Field(0, ge=0, le=65535, json_schema_extra=env("RDURACK_AGENT_PORT"))
     time_scale: float = Field(0.0, ge=0)  # wall s per emulated s
     health_port: int | None = Field(None, ge=0, le=65535)
-    register: str = ""  # comma-separated orchestrator addresses
+    register_with: str = ""  # comma-separated orchestrator addresses
+    link_ports: str = ""  # LO-HI; `link_port_range` reads it
+
+    @property
+    def link_port_range(self) -> range | None:
+        return port_range(self.link_ports, "--link-ports")
 
     @property
     def orchestrators(self) -> list[str]:
-        return [a.strip() for a in self.register.split(",") if a.strip()]
+        return [a.strip() for a in self.register_with.split(",") if a.strip()]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -89,11 +97,16 @@ def main(argv: list[str] | None = None) -> int:
             tls.key_pair()  # mutual TLS needs its own certificate: refuse now, not later
         if args.orchestrators and args.host in WILDCARDS:
             raise RdurackError(
-                f"--register with --host {args.host}: the orchestrator needs this host's "
+                f"--register-with with --host {args.host}: the orchestrator needs this host's "
                 "own address to reach the agent at"
             )
         agent = NodeAgent(
-            args.node_index, platform, time_scale=args.time_scale, host=args.host, tls=tls
+            args.node_index,
+            platform,
+            time_scale=args.time_scale,
+            host=args.host,
+            tls=tls,
+            link_ports=args.link_port_range,
         )
     except (RdurackError, ValueError) as e:
         print(f"node-agent: {e}", file=sys.stderr)

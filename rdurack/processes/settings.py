@@ -146,3 +146,17 @@ def _refusal(cls: type[ProcessSettings], error: ErrorDetails, args: list[str]) -
 
 def _one_line(text: str) -> str:
     return " ".join(text.split())
+
+
+def port_range(text: str, flag: str) -> range | None:
+    """ "LO-HI" as the ports LO..HI (None for ""); RdurackError naming `flag` otherwise."""
+    if not text.strip():
+        return None
+    lo, sep, hi = text.partition("-")
+    try:
+        ports = range(int(lo), int(hi) + 1)
+    except ValueError:
+        ports = range(0)
+    if not sep or not ports or ports.start < 1 or ports.stop - 1 > 65535:
+        raise RdurackError(f"{flag} {text!r}: expected LO-HI, two ports with LO <= HI")
+    return ports

@@ -33,6 +33,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200)]
 
 WHY = unavailable()
 PORT = 50051  # every host has its own ports: the usual one is free in a new namespace
+LINK_PORTS = "41000-41015"  # host 1's 8 sockets bind the first free ones (--link-ports)
 READY_S = 240  # `rdu up`/`rdu join --timeout`: generous, the two cores are shared
 
 
@@ -102,8 +103,8 @@ def rack(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Rack]:
             r.env["RDURACK_TOKEN"] = TOKENS["ops"]  # the admin: sees every job
         try:
             assert f"rdu join --head {r.head}" in r.ok(0, *up)  # it says what to run
-            if not secure:
-                assert "ready at" in r.ok(1, *r.join_args())
+            if not secure:  # its links on the ports a firewall would admit
+                assert "ready at" in r.ok(1, *r.join_args("--link-ports", LINK_PORTS))
             yield r
         finally:
             # `rdu down` on each host stops what it started there; Hosts then ends
@@ -117,6 +118,10 @@ def test_a_rack_joined_across_hosts_runs_jobs_and_survives_a_killed_host(rack: R
     nodes = rack.json("status")["nodes"]
     assert [n["agent_address"].split(":")[0] for n in nodes] == rack.hosts.addresses
     assert all(n["healthy"] for n in nodes), nodes
+    lo, hi = map(int, LINK_PORTS.split("-"))
+    links = [s["link_address"] for s in rack.json("status")["sockets"] if s["node"] == 1]
+    assert len(links) == 8 and all(a.startswith(f"{rack.hosts.addresses[1]}:") for a in links)
+    assert all(lo <= int(a.rsplit(":", 1)[1]) <= hi for a in links), links
 
     coe = rack.json("submit", "coe", "--experts", "20", "--sockets", "16", "--wait")
     assert coe["state"] == "SUCCEEDED", coe
@@ -133,7 +138,7 @@ def test_a_rack_joined_across_hosts_runs_jobs_and_survives_a_killed_host(rack: R
         time.sleep(0.5)
     assert rack.hosts.kill(1)  # host 1 crashes: raylet, agent, socket actors
     rack.wait_log("node 1's agent down", timeout_s=60)
-    rack.ok(1, *rack.join_args())  # the same command on the same host brings node 1 back
+    rack.ok(1, *rack.join_args("--link-ports", LINK_PORTS))  # the same command brings node 1 back
     rack.wait_log("node 1's agent joined at", timeout_s=60)
     done = rack.json("watch", job_id, "--timeout", "600", timeout_s=660)
     assert done["state"] == "SUCCEEDED", done

@@ -8,7 +8,8 @@ import grpc
 
 from rdurack.api.node_agent_service import SERVICE, NodeAgentService
 from rdurack.api.server import Server, channel
-from rdurack.node_agent.agent import NodeAgent, start_rack
+from rdurack.node_agent.agent import NodeAgent
+from rdurack.node_agent.in_process import start_rack
 from rdurack.rack.spec import PlatformSpec
 from rdurack.v1 import node_agent_pb2_grpc
 

@@ -25,7 +25,7 @@ from rdurack.workloads.serving.speculative import SpeculativeSetting
 from tests.support.ports import free_port
 
 COMMANDS = {
-    "up", "down", "watch", "job", "cancel", "jobs", "status", "demo", "serve", "certs",
+    "up", "down", "join", "watch", "job", "cancel", "jobs", "status", "demo", "serve", "certs",
     "token", "trace", "plot", "spec", "calibrate",
     "submit kernel", "submit coe", "submit train",
     "fault kill-socket", "fault kill-agent", "fault slow", "fault drop-link",
@@ -56,7 +56,7 @@ def test_every_command_is_in_its_place_in_the_listed_order() -> None:
     leaves = {path for path, c in found.items() if not hasattr(c, "commands")}
     assert leaves == COMMANDS
     assert list(found[""].commands) == [
-        "up", "down", "watch", "job", "cancel", "jobs", "status", "demo", "serve", "certs",
+        "up", "down", "join", "watch", "job", "cancel", "jobs", "status", "demo", "serve", "certs",
         "token", "trace", "plot", "spec", "calibrate", "submit", "fault", "predict", "bench",
     ]  # fmt: skip
     assert list(found["submit"].commands) == ["kernel", "coe", "train"]

@@ -22,6 +22,7 @@ from rdurack.orchestrator.store import JobStore
 from rdurack.processes.join import free_nodes
 from rdurack.processes.orchestrator_main import _spec_for_joiners
 from rdurack.processes.registration import Registration
+from rdurack.processes.settings import port_range
 from rdurack.rack.presets import platform
 from rdurack.security.auth import Authenticator
 from rdurack.v1 import node_agent_pb2, rack_pb2
@@ -227,3 +228,16 @@ def test_rdu_up_local_nodes_needs_head_and_join_needs_a_real_host(tmp_path: Path
     done = rdu("join", "--head", _nobody(), "--host", "127.0.0.1", "--state-dir", str(tmp_path))
     assert done.returncode != 0 and "did not answer" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("text", "ports"), [("", None), ("41000-41063", range(41000, 41064)), ("80-80", range(80, 81))]
+)
+def test_link_port_ranges_read_as_lo_hi(text: str, ports: range | None) -> None:
+    assert port_range(text, "--link-ports") == ports
+
+
+@pytest.mark.parametrize("text", ["41000", "9-1", "a-b", "0-10", "65000-65536", "1-2-3"])
+def test_a_bad_link_port_range_is_refused_naming_the_flag(text: str) -> None:
+    with pytest.raises(RdurackError, match=f"--link-ports '{text}': expected LO-HI"):
+        port_range(text, "--link-ports")

@@ -190,6 +190,33 @@ def test_bad_arguments_are_invalid_requests(trio: tuple[LinkEndpoint, ...]) -> N
         a.send(B, "x", 0, 0, 1, 0, None, timeout_s=0)
 
 
+def test_link_servers_bind_the_first_free_ports_of_a_range() -> None:
+    """A firewall between hosts admits a range (`--link-ports`): each endpoint takes the
+    first free port of it, and once none is left says so, naming the range."""
+    blocker = LinkEndpoint(C)  # a port taken: the range starts there
+    taken = int(blocker.address.rsplit(":", 1)[1])
+    ports = range(taken, taken + 4)
+    endpoints: list[LinkEndpoint] = []
+    try:
+        with pytest.raises(LinkFailure, match=f"127.0.0.1:{taken}-{taken + 3}.*every port taken"):
+            for i in range(len(ports) + 1):
+                endpoints.append(LinkEndpoint(f"rdu-n1-s{i + 1}", port=ports))
+        bound = [int(e.address.rsplit(":", 1)[1]) for e in endpoints]
+        # Not the blocker's; every one in the range, each its own (other processes may
+        # hold some of the range's ports, so not necessarily all three others).
+        assert bound and all(p in ports and p != taken for p in bound)
+        assert len(set(bound)) == len(bound)
+    finally:
+        for e in [blocker, *endpoints]:
+            e.close()
+
+
+@pytest.mark.parametrize("bad", [range(0), range(65535, 65537), range(-1, 3)])
+def test_an_empty_or_impossible_range_is_an_invalid_request(bad: range) -> None:
+    with pytest.raises(InvalidRequest, match=r"port must be in 0\.\.65535"):
+        LinkEndpoint(A, port=bad)
+
+
 # ---------------------------------------------------------------------- wire contract
 
 

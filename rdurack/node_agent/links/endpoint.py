@@ -39,12 +39,13 @@ class LinkEndpoint:
         self,
         socket_id: str,
         host: str = "127.0.0.1",
-        port: int = 0,
+        port: int | range = 0,
         clock_ns: Callable[[], int] = lambda: 0,
         workers: int = 16,
         tls: TlsConfig | None = None,
     ) -> None:
-        """Start serving on `host:port` (port 0: a free port the OS picks).
+        """Start serving on `host:port` (port 0: a free port the OS picks; a range: its
+        first free port, for a firewall that admits only those).
 
         `clock_ns` reads the socket's emulated clock (ns) for Ping. `workers` bounds the
         concurrent incoming transfers (server threads; each streaming transfer holds one
@@ -53,7 +54,8 @@ class LinkEndpoint:
         """
         if workers < 1:
             raise InvalidRequest(f"{socket_id}: workers must be >= 1, got {workers}")
-        if not 0 <= port <= 65535:
+        ports = [port] if isinstance(port, int) else [port.start, port.stop - 1]
+        if (isinstance(port, range) and not port) or any(not 0 <= p <= 65535 for p in ports):
             raise InvalidRequest(f"{socket_id}: port must be in 0..65535, got {port}")
         # Files are read once, here: a bad certificate fails the endpoint's start.
         server_credentials = None if tls is None else tls.server_credentials(rack_peers=True)

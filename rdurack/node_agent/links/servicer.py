@@ -211,15 +211,16 @@ class LinkServer:
         self,
         servicer: LinkServicer,
         host: str,
-        port: int,
+        port: int | range,
         workers: int,
         tls: TlsConfig | None,
         credentials: grpc.ServerCredentials | None,
     ) -> None:
-        """Bind `host:port` (0: a free port) and start serving; LinkFailure if the port
-        cannot be had. `workers` bounds the concurrent incoming transfers (server
-        threads; each streaming transfer holds one for its duration). `credentials`:
-        `tls`'s server credentials, read by the caller (None: plaintext)."""
+        """Bind `host:port` (0: a free port; a range: its first free port) and start
+        serving; LinkFailure if no port can be had. `workers` bounds the concurrent
+        incoming transfers (server threads; each streaming transfer holds one for its
+        duration). `credentials`: `tls`'s server credentials, read by the caller (None:
+        plaintext)."""
         socket_id = servicer.socket_id
         self._pool = futures.ThreadPoolExecutor(
             max_workers=workers, thread_name_prefix=f"{socket_id}-link"
@@ -231,18 +232,23 @@ class LinkServer:
             interceptors=[*guards, RequestGuard(_BOUNDS, wire.messages_of)],
         )
         self._server.add_generic_rpc_handlers((_handlers(servicer),))
-        try:
-            if credentials is None:
-                bound = int(self._server.add_insecure_port(f"{host}:{port}"))
-            else:
-                bound = int(self._server.add_secure_port(f"{host}:{port}", credentials))
-        except RuntimeError:  # grpc >= 1.5x raises; older versions return 0
-            bound = 0
+        bound = 0
+        for candidate in [port] if isinstance(port, int) else port:
+            try:
+                if credentials is None:
+                    bound = int(self._server.add_insecure_port(f"{host}:{candidate}"))
+                else:
+                    bound = int(self._server.add_secure_port(f"{host}:{candidate}", credentials))
+            except RuntimeError:  # grpc >= 1.5x raises; older versions return 0
+                bound = 0
+            if bound:
+                break
         if bound == 0:
             self._pool.shutdown(wait=False)
+            which = port if isinstance(port, int) else f"{port.start}-{port.stop - 1}"
             raise LinkFailure(
-                f"{socket_id}: cannot serve links on {host}:{port} "
-                "(port taken, or the host is not an address of this machine)"
+                f"{socket_id}: cannot serve links on {host}:{which} "
+                "(every port taken, or the host is not an address of this machine)"
             )
         self.port = bound
         self._server.start()
