@@ -18,6 +18,19 @@ from rdurack.cli.views import format_seconds, format_size, rack_dict
 from rdurack.client.connection import Target
 from rdurack.client.rack import RackClient
 
+LinkPortsOpt = Annotated[
+    str,
+    typer.Option(
+        "--link-ports",
+        envvar="RDURACK_LINK_PORTS",
+        help="LO-HI: the sockets' link servers bind the first free ports of this range "
+        "(default: any free port)",
+    ),
+]
+TimeScaleOpt = Annotated[
+    float, typer.Option(min=0, help="pacing: wall s per emulated s (0: no pacing)")
+]
+
 
 def up_cmd(
     nodes: Annotated[int, typer.Option(min=1, max=64, help="node agents")] = 2,
@@ -37,9 +50,7 @@ def up_cmd(
             "--tokens", help="a tokens file: the orchestrator requires bearer tokens (tenants)"
         ),
     ] = None,
-    time_scale: Annotated[
-        float, typer.Option(min=0, help="pacing: wall s per emulated s (0: no pacing)")
-    ] = 0.0,
+    time_scale: TimeScaleOpt = 0.0,
     serve: Annotated[
         list[str] | None,
         typer.Option(
@@ -82,15 +93,7 @@ def up_cmd(
         int | None,
         typer.Option(min=0, help="with --head: node agents to start here, nodes 0.. (default 0)"),
     ] = None,
-    link_ports: Annotated[
-        str,
-        typer.Option(
-            "--link-ports",
-            envvar="RDURACK_LINK_PORTS",
-            help="LO-HI: the sockets' link servers bind the first free ports of this range "
-            "(default: any free port)",
-        ),
-    ] = "",
+    link_ports: LinkPortsOpt = "",
 ) -> None:
     """Start local Ray, the node agents and the orchestrator (and with --serve the
     OpenAI-compatible endpoint on them); return once all serve. With --head, other
@@ -153,18 +156,8 @@ def join_cmd(
             help="a TLS rack: the head's STATE_DIR/tls (ca.crt, tls.crt, tls.key), copied here",
         ),
     ] = None,
-    time_scale: Annotated[
-        float, typer.Option(min=0, help="pacing: wall s per emulated s (0: no pacing)")
-    ] = 0.0,
-    link_ports: Annotated[
-        str,
-        typer.Option(
-            "--link-ports",
-            envvar="RDURACK_LINK_PORTS",
-            help="LO-HI: the sockets' link servers bind the first free ports of this range "
-            "(default: any free port)",
-        ),
-    ] = "",
+    time_scale: TimeScaleOpt = 0.0,
+    link_ports: LinkPortsOpt = "",
 ) -> None:
     """Join a rack that runs on another host (rdu up --head there): a Ray worker node
     and node agents on this host, which register with its orchestrator. rdu down
