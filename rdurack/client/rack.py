@@ -16,9 +16,3 @@ class RackClient:
     def status(self) -> rack_pb2.RackStatus:
         """Every node and socket: health, current job, emulated clock, memory per tier."""
         return self._stub.GetRack(rack_pb2.GetRackRequest(), timeout=self.timeout_s).rack
-
-    def register_node(self, index: int, agent_address: str) -> bool:
-        """Node `index` is served by the agent at `agent_address` (RegisterNode, admins
-        only); whether that changed anything."""
-        request = rack_pb2.RegisterNodeRequest(index=index, agent_address=agent_address)
-        return self._stub.RegisterNode(request, timeout=self.timeout_s).changed

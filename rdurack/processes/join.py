@@ -30,19 +30,19 @@ from pathlib import Path
 
 import grpc
 
-from rdurack.client.connection import Target
-from rdurack.client.rack import RackClient
+from rdurack.api.server import channel
 from rdurack.errors import RdurackError
 from rdurack.processes import children, rack_record
 from rdurack.processes.local_rack import DEFAULT_PLATFORM, SPEC_FILE, child_env, down
 from rdurack.processes.registration import TOKEN_ENV, WILDCARDS
 from rdurack.processes.settings import port_range
-from rdurack.security.tls import tls_from
-from rdurack.v1 import rack_pb2
+from rdurack.security.tls import TlsConfig, tls_from
+from rdurack.v1 import rack_pb2, rack_pb2_grpc
 
 RAY_NODE = "ray-node"  # the Ray worker node's name in rack.json and logs/
 RAY_STARTED = "Ray runtime started"  # `ray start`'s line once its node serves
 POLL_S = 0.25
+CALL_TIMEOUT_S = 30.0  # a GetRack: the orchestrator answers from memory and its store
 # RegisterNode answers that asking again will not change (registration.py prints the
 # gRPC code's name); UNAVAILABLE and DEADLINE_EXCEEDED may pass.
 FINAL_REFUSALS = ("UNAUTHENTICATED", "PERMISSION_DENIED", "FAILED_PRECONDITION", "INVALID_ARGUMENT")
@@ -88,7 +88,7 @@ def join(
     if live := rack_record.live_pids(state_dir):
         names = ", ".join(f"{n} (pid {p})" for n, p in live.items())
         raise RdurackError(f"a rack is already up in {state_dir}: {names}; run rdu down first")
-    target = Target(head, token or None, tls_from(tls.ca) if tls is not None else None)
+    target = _Head(head, token or None, tls_from(tls.ca) if tls is not None else None)
     rack = _rack(target)
     if not rack.ray_address or not rack.platform_spec:
         raise RdurackError(
@@ -151,10 +151,21 @@ def ray_temp_dir(state_dir: Path) -> str:
     return f"/tmp/rdurack-ray-{digest}"
 
 
-def _rack(target: Target) -> rack_pb2.RackStatus:
+@dataclass(frozen=True)
+class _Head:
+    """The rack's orchestrator as `join` calls it (client/ is a layer `processes/` does
+    not import: docs/architecture.md)."""
+
+    address: str
+    token: str | None
+    tls: TlsConfig | None
+
+
+def _rack(target: _Head) -> rack_pb2.RackStatus:
     try:
-        with target.channel() as ch:
-            return RackClient(ch).status()
+        with channel(target.address, tls=target.tls, token=target.token) as ch:
+            stub = rack_pb2_grpc.RackServiceStub(ch)
+            return stub.GetRack(rack_pb2.GetRackRequest(), timeout=CALL_TIMEOUT_S).rack
     except grpc.RpcError as e:
         why = e.details() if hasattr(e, "details") else str(e)
         raise RdurackError(f"the orchestrator at {target.address} did not answer: {why}") from None
@@ -175,7 +186,7 @@ def free_nodes(rack: rack_pb2.RackStatus, count: int, head: str) -> list[int]:
 
 
 def await_registered(
-    target: Target, agents: dict[int, str], deadline: float, logs: Path | None = None
+    target: _Head, agents: dict[int, str], deadline: float, logs: Path | None = None
 ) -> None:
     """Wait until the orchestrator shows node i healthy at agents[i], for every i. An
     agent whose log (in `logs`) says the orchestrator refused it for good (a token that

@@ -18,8 +18,8 @@ from collections.abc import Callable, Sequence
 import grpc
 
 from rdurack.api.server import channel
-from rdurack.client.rack import RackClient
 from rdurack.security.tls import TlsConfig
+from rdurack.v1 import rack_pb2, rack_pb2_grpc
 
 # Seconds between rounds: how long a restarted orchestrator may not know the agent.
 # Its health watcher already marks a silent node down after a few seconds; a round
@@ -61,7 +61,8 @@ class Registration:
         """One round: register with every orchestrator; the outcome per orchestrator."""
         for orchestrator, ch in self._channels.items():
             try:
-                RackClient(ch, CALL_TIMEOUT_S).register_node(self.node, self.address)
+                request = rack_pb2.RegisterNodeRequest(index=self.node, agent_address=self.address)
+                rack_pb2_grpc.RackServiceStub(ch).RegisterNode(request, timeout=CALL_TIMEOUT_S)
                 outcome = "registered"
             except grpc.RpcError as e:
                 code = e.code().name if hasattr(e, "code") else "UNKNOWN"

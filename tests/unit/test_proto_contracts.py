@@ -56,6 +56,7 @@ SERVICES: dict[str, dict[str, dict[str, tuple[bool, bool]]]] = {
         "RackService": {
             "GetRack": (False, False),
             "ListNodes": (False, False),
+            "RegisterNode": (False, False),
         },
     },
     "node_agent": {
