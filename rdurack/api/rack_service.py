@@ -67,16 +67,13 @@ class RackService(rack_pb2_grpc.RackServiceServicer):
             leader=lease.holder if lease.live else "",
             term=lease.epoch if lease.live else 0,
         )
-        joining = self.joining or Joining(register=_refuse)
-        return rack_pb2.GetRackResponse(
-            rack=rack_pb2.RackStatus(
-                platform=self.o.platform.name,
-                nodes=nodes,
-                control_plane=control,
-                ray_address=joining.ray_address,
-                platform_spec=joining.platform_spec,
-            )
+        rack = rack_pb2.RackStatus(
+            platform=self.o.platform.name, nodes=nodes, control_plane=control
         )
+        if self.joining is not None:
+            rack.ray_address = self.joining.ray_address
+            rack.platform_spec = self.joining.platform_spec
+        return rack_pb2.GetRackResponse(rack=rack)
 
     @rpc
     def ListNodes(

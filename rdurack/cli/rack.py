@@ -162,14 +162,9 @@ def join_cmd(
     """Join a rack that runs on another host (rdu up --head there): a Ray worker node
     and node agents on this host, which register with its orchestrator. rdu down
     --state-dir stops them."""
-    from rdurack.processes import join
-    from rdurack.security import certs
+    from rdurack.processes import join, local_rack
 
-    tls = None
-    if tls_dir is not None:
-        tls = join.TlsFiles(
-            tls_dir / certs.CA_FILE, tls_dir / certs.CERT_FILE, tls_dir / certs.KEY_FILE
-        )
+    tls = local_rack.TlsFiles.in_dir(tls_dir) if tls_dir is not None else None
     rack = join.join(
         state_dir,
         head,

@@ -33,7 +33,7 @@ import grpc
 from rdurack.api.server import channel
 from rdurack.errors import RdurackError
 from rdurack.processes import children, rack_record
-from rdurack.processes.local_rack import DEFAULT_PLATFORM, SPEC_FILE, child_env, down
+from rdurack.processes.local_rack import DEFAULT_PLATFORM, SPEC_FILE, TlsFiles, child_env, down
 from rdurack.processes.registration import TOKEN_ENV, WILDCARDS
 from rdurack.processes.settings import port_range
 from rdurack.security.tls import TlsConfig, tls_from
@@ -46,18 +46,6 @@ CALL_TIMEOUT_S = 30.0  # a GetRack: the orchestrator answers from memory and its
 # RegisterNode answers that asking again will not change (registration.py prints the
 # gRPC code's name); UNAVAILABLE and DEADLINE_EXCEEDED may pass.
 FINAL_REFUSALS = ("UNAUTHENTICATED", "PERMISSION_DENIED", "FAILED_PRECONDITION", "INVALID_ARGUMENT")
-
-
-@dataclass(frozen=True)
-class TlsFiles:
-    """The rack's CA and the member certificate and key (the head's STATE_DIR/tls)."""
-
-    ca: Path
-    cert: Path
-    key: Path
-
-    def args(self) -> list[str]:
-        return ["--tls-ca", str(self.ca), "--tls-cert", str(self.cert), "--tls-key", str(self.key)]
 
 
 def join(
@@ -85,9 +73,7 @@ def join(
         raise RdurackError(f"--nodes {nodes}: at least 1")
     port_range(link_ports, "--link-ports")  # refused before anything starts
     state_dir.mkdir(parents=True, exist_ok=True)
-    if live := rack_record.live_pids(state_dir):
-        names = ", ".join(f"{n} (pid {p})" for n, p in live.items())
-        raise RdurackError(f"a rack is already up in {state_dir}: {names}; run rdu down first")
+    rack_record.refuse_if_up(state_dir)
     target = _Head(head, token or None, tls_from(tls.ca) if tls is not None else None)
     rack = _rack(target)
     if not rack.ray_address or not rack.platform_spec:
@@ -114,7 +100,7 @@ def join(
         # Only this process joins Ray across hosts: with 0, `ray start --address` aborts.
         ray_env = {**env, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1"}
         proc = children.spawn(RAY_NODE, "ray.scripts.scripts", args, logs, ray_env)
-        _started(record, RAY_NODE, proc, args)
+        record.started(RAY_NODE, proc.pid, args)
         children.await_line(RAY_NODE, proc, logs, RAY_STARTED, deadline)
         if on_ready is not None:
             on_ready(RAY_NODE, host)
@@ -128,7 +114,7 @@ def join(
             args += ["--time-scale", f"{time_scale:g}", *(tls.args() if tls else [])]
             args += ["--link-ports", link_ports] if link_ports else []
             proc = children.spawn(name, "rdurack.processes.node_agent_main", args, logs, agent_env)
-            _started(record, name, proc, args)
+            record.started(name, proc.pid, args)
             agents[name] = (proc, f"node-agent {node}")
         for name, address in children.await_ready(agents, logs, deadline).items():
             record.addresses[name] = address
@@ -222,13 +208,3 @@ def _refusal(log: Path) -> str | None:
         if "not registered with" in line and any(c in line for c in FINAL_REFUSALS):
             return line.strip()
     return None
-
-
-def _started(
-    record: rack_record.RackProcesses, name: str, proc: subprocess.Popen[bytes], args: list[str]
-) -> None:
-    record.pids[name] = proc.pid
-    record.args[name] = args
-    if (started_s := rack_record.start_time(proc.pid)) is not None:
-        record.started_s[name] = started_s
-    record.save()  # at once: if `join` itself dies, `down` still finds every process

@@ -36,6 +36,7 @@ import os
 import subprocess
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from rdurack import RAY_ENVIRONMENT
@@ -66,6 +67,24 @@ SECURITY_ENV = (
     *("RDURACK_TOKENS", TOKEN_ENV),
 )
 STOP_WAIT_S = 15.0
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    """The rack's CA and the member certificate and key, as `up --tls` writes them in
+    STATE_DIR/tls (and `rdu join --tls-dir` takes a copy of)."""
+
+    ca: Path
+    cert: Path
+    key: Path
+
+    @classmethod
+    def in_dir(cls, tls_dir: Path) -> TlsFiles:
+        return cls(tls_dir / certs.CA_FILE, tls_dir / certs.CERT_FILE, tls_dir / certs.KEY_FILE)
+
+    def args(self) -> list[str]:
+        """The processes' flags for them."""
+        return ["--tls-ca", str(self.ca), "--tls-cert", str(self.cert), "--tls-key", str(self.key)]
 
 
 def default_state_dir() -> Path:
@@ -143,9 +162,7 @@ def up(
             "start it yourself with rdu serve --rack --token TOKEN"
         )
     state_dir.mkdir(parents=True, exist_ok=True)
-    if live := rack_record.live_pids(state_dir):
-        names = ", ".join(f"{n} (pid {p})" for n, p in live.items())
-        raise RdurackError(f"a rack is already up in {state_dir}: {names}; run rdu down first")
+    rack_record.refuse_if_up(state_dir)
     logs = state_dir / "logs"
     logs.mkdir(exist_ok=True)
     rack = rack_record.RackProcesses(state_dir, DEFAULT_PLATFORM, nodes, sockets_per_node)
@@ -157,10 +174,9 @@ def up(
         tls_dir = certs.write_rack_set(
             (state_dir / TLS_DIR).resolve(), DEFAULT_RACK_IDENTITY, hosts
         )
-        security = ["--tls-ca", str(tls_dir / certs.CA_FILE)]
-        security += ["--tls-cert", str(tls_dir / certs.CERT_FILE)]
-        security += ["--tls-key", str(tls_dir / certs.KEY_FILE)]
-        rack.tls_ca = str(tls_dir / certs.CA_FILE)
+        files = TlsFiles.in_dir(tls_dir)
+        security = files.args()
+        rack.tls_ca = str(files.ca)
     if tokens is not None:
         rack.tokens = str(tokens.resolve())
     spec: list[str] = []
@@ -176,11 +192,7 @@ def up(
 
     def started(name: str, proc: subprocess.Popen[bytes], args: list[str]) -> None:
         procs[name] = proc
-        rack.args[name] = args
-        rack.pids[name] = proc.pid
-        if (started_s := rack_record.start_time(proc.pid)) is not None:
-            rack.started_s[name] = started_s
-        rack.save()  # at once: if `up` itself dies, `down` still finds every process
+        rack.started(name, proc.pid, args)
 
     def ready(found: dict[str, str]) -> None:
         for name, address in found.items():

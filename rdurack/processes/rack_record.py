@@ -57,6 +57,15 @@ class RackProcesses:
     def orchestrator(self) -> str:
         return self.addresses["orchestrator"]
 
+    def started(self, name: str, pid: int, args: list[str]) -> None:
+        """Record a process as soon as it is started, and save: if the starter itself
+        dies, `down` still finds every process."""
+        self.pids[name] = pid
+        self.args[name] = args
+        if (started_s := start_time(pid)) is not None:
+            self.started_s[name] = started_s
+        self.save()
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "platform": self.platform,
@@ -123,6 +132,13 @@ def start_time(pid: int) -> float | None:
         return float(psutil.Process(pid).create_time())
     except psutil.Error:
         return None
+
+
+def refuse_if_up(state_dir: Path) -> None:
+    """RdurackError if the processes recorded in STATE_DIR still run."""
+    if live := live_pids(state_dir):
+        names = ", ".join(f"{n} (pid {p})" for n, p in live.items())
+        raise RdurackError(f"a rack is already up in {state_dir}: {names}; run rdu down first")
 
 
 def live_pids(state_dir: Path) -> dict[str, int]:
