@@ -85,12 +85,13 @@ class GrpcNodeGateway:
         tls: TlsConfig | None = None,
         platform: PlatformSpec | None = None,
     ):
-        count = max(len(agents), platform.nodes if platform is not None else 0)
+        count = max(len(agents), platform.nodes_total if platform is not None else 0)
         if count == 0:
             raise InvalidRequest("at least one node agent address is needed")
-        if platform is not None and len(agents) > platform.nodes:
+        if platform is not None and len(agents) > platform.nodes_total:
             raise InvalidRequest(
-                f"{len(agents)} node agent addresses for {platform.nodes} nodes of {platform.name}"
+                f"{len(agents)} node agent addresses for {platform.nodes_total} nodes of "
+                f"{platform.name}"
             )
         self.addresses = [*agents, *[""] * (count - len(agents))]
         self.timeout_s = timeout_s

@@ -17,6 +17,7 @@ from rdurack.cli.options import JsonOpt, PortOpt, StateDirOpt, TokenOpt
 from rdurack.cli.views import format_seconds, format_size, rack_dict
 from rdurack.client.connection import Target
 from rdurack.client.rack import RackClient
+from rdurack.rack.spec import MAX_RACKS
 
 LinkPortsOpt = Annotated[
     str,
@@ -33,7 +34,7 @@ TimeScaleOpt = Annotated[
 
 
 def up_cmd(
-    nodes: Annotated[int, typer.Option(min=1, max=64, help="node agents")] = 2,
+    nodes: Annotated[int, typer.Option(min=1, max=64, help="nodes a rack, one agent each")] = 2,
     sockets_per_node: Annotated[int, typer.Option(min=1, max=64)] = 8,
     state_dir: StateDirOpt = Path(".state"),
     port: PortOpt = 50051,
@@ -94,6 +95,14 @@ def up_cmd(
         typer.Option(min=0, help="with --head: node agents to start here, nodes 0.. (default 0)"),
     ] = None,
     link_ports: LinkPortsOpt = "",
+    racks: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            max=MAX_RACKS,
+            help="racks of --nodes nodes, joined by the default spine (nodes number across racks)",
+        ),
+    ] = 1,
 ) -> None:
     """Start local Ray, the node agents and the orchestrator (and with --serve the
     OpenAI-compatible endpoint on them); return once all serve. With --head, other
@@ -121,15 +130,21 @@ def up_cmd(
         host=host,
         local_nodes=(local_nodes or 0) if head else None,
         link_ports=link_ports,
+        racks=racks,
+    )
+    shape = (
+        f"{racks} racks x {nodes} x {sockets_per_node}"
+        if racks > 1
+        else f"{nodes} x {sockets_per_node}"
     )
     print(
-        f"rack up: {nodes} x {sockets_per_node} sockets; orchestrator at {rack.orchestrator}; "
+        f"rack up: {shape} sockets; orchestrator at {rack.orchestrator}; "
         f"logs in {state_dir / 'logs'}; stop it with: rdu down --state-dir {state_dir}"
     )
     if head:
         here = local_nodes or 0
         print(
-            f"nodes {here}..{nodes - 1} wait for agents from other hosts; on each run: "
+            f"nodes {here}..{racks * nodes - 1} wait for agents from other hosts; on each run: "
             f"rdu join --head {rack.orchestrator} --host THAT_HOST [--nodes N]"
         )
     print(f"security: {rack.security()}")

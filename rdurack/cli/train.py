@@ -14,7 +14,9 @@ from rdurack.workloads.training.job import NUMPY_MODELS
 
 
 def submit_train_cmd(
-    world_size: Annotated[int, typer.Option(min=1, max=16, help="ranks, one socket each")] = 4,
+    world_size: Annotated[
+        int, typer.Option(min=1, help="ranks, one socket each (at most the rack's sockets)")
+    ] = 4,
     model: Annotated[
         str, typer.Option(help="mlp or transformer (numpy, real data), or a preset (timed)")
     ] = "mlp",

@@ -68,10 +68,10 @@ class NodeAgent:
         """`tls`: the sockets' links are mutual TLS among rack members (the files must
         be readable where the actors run: this node). `link_ports`: where the sockets'
         link servers bind, each the first free port of the range (None: any free one)."""
-        if not 0 <= node_index < platform.nodes:
+        if not 0 <= node_index < platform.nodes_total:
             raise InvalidRequest(
                 f"node index {node_index} is not a node of {platform.name} "
-                f"(0..{platform.nodes - 1})"
+                f"(0..{platform.nodes_total - 1})"
             )
         self.node_index = node_index
         self.platform = platform
@@ -80,7 +80,8 @@ class NodeAgent:
         self.call_timeout_s = call_timeout_s
         self.link_timeout_s = link_timeout_s
         self.tls = tls
-        self.socket_ids = [str(SocketId(node_index, i)) for i in range(platform.node.sockets)]
+        rack = node_index // platform.nodes  # nodes count across racks (SocketId)
+        self.socket_ids = [str(SocketId(node_index, i, rack)) for i in range(platform.node.sockets)]
         self.topology = Topology(platform)
         # A new value each time the agent starts: the orchestrator tells a restarted
         # agent (whose sockets lost their jobs) from one that was only slow to answer.

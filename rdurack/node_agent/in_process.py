@@ -14,7 +14,7 @@ def start_rack(platform: PlatformSpec, **options: Any) -> list[NodeAgent]:
     """Start an agent for every node of `platform` in this process (in parallel), and
     give every socket the link addresses of all the others. `options` go to NodeAgent.
     This is how tests and benchmarks build a whole rack on one machine."""
-    agents = [NodeAgent(i, platform, **options) for i in range(platform.nodes)]
+    agents = [NodeAgent(i, platform, **options) for i in range(platform.nodes_total)]
     with ThreadPoolExecutor(max_workers=len(agents)) as pool:
         started = [pool.submit(a.start) for a in agents]
     errors = [e for f in started if (e := f.exception()) is not None]

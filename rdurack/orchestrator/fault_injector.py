@@ -114,7 +114,7 @@ class FaultInjector:
                 raise UnknownName("fault", fault_id, sorted(known))
             nodes = known[fault_id].nodes_touched(self.topology)
         else:
-            nodes = list(range(self.platform.nodes))
+            nodes = list(range(self.platform.nodes_total))
         healed: dict[str, Fault] = {}
         restarted: list[str] = []
         silent: list[str] = []
@@ -141,7 +141,7 @@ class FaultInjector:
         once), and the killed agents not back yet."""
         self._forget_returned()
         merged: dict[str, Fault] = {}
-        for node in range(self.platform.nodes):
+        for node in range(self.platform.nodes_total):
             try:
                 faults = self.gateway.faults(node)
             except RdurackError:

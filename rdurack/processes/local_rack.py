@@ -58,7 +58,7 @@ from rdurack.security.tls import (
 from rdurack.telemetry.file_export import TRACE_DIR_ENV
 
 DEFAULT_PLATFORM = "sn40l-rack16"
-DEFAULT_SHAPE = (2, 8)  # nodes, sockets per node of sn40l-rack16
+DEFAULT_SHAPE = (1, 2, 8)  # racks, nodes a rack, sockets a node of sn40l-rack16
 SPEC_FILE = "platform.yaml"
 TRACES_DIR = "traces"  # STATE_DIR/traces: the processes' trace files (telemetry/file_export.py)
 TLS_DIR = "tls"  # STATE_DIR/tls: `up --tls`'s throwaway CA and member certificate
@@ -134,8 +134,9 @@ def up(
     store: str = "",
     local_nodes: int | None = None,
     link_ports: str = "",
+    racks: int = 1,
 ) -> rack_record.RackProcesses:
-    """Start the Ray head, `nodes` node agents and the orchestrator; return when all
+    """Start the Ray head, `racks` x `nodes` node agents and the orchestrator; return when all
     serve. On failure, stop what was started and raise an RdurackError naming the
     process that failed, with the end of its log. `on_ready(name, address)` is called as
     each becomes ready. `tls`, `tokens`: the module docstring. `time_scale`: the sockets'
@@ -143,12 +144,15 @@ def up(
     orchestrator's job store, a postgresql:// URL or a SQLite path (empty:
     STATE_DIR/jobs.sqlite). `local_nodes`: start agents for nodes 0..local_nodes-1 only;
     the others join from other hosts (`rdu join`, join.py; None: every node here).
-    `link_ports`: "LO-HI", where the sockets' link servers bind (empty: any free port)."""
-    if nodes < 1 or sockets_per_node < 1:
-        raise RdurackError("--nodes and --sockets-per-node must be at least 1")
-    here = nodes if local_nodes is None else local_nodes
-    if not 0 <= here <= nodes:
-        raise RdurackError(f"--local-nodes {here}: the rack has {nodes} nodes (0..{nodes})")
+    `link_ports`: "LO-HI", where the sockets' link servers bind (empty: any free port).
+    `racks`: racks of `nodes` nodes each, joined by the base platform's default spine;
+    nodes number across racks (rack r holds nodes r*nodes..), one agent each."""
+    if nodes < 1 or sockets_per_node < 1 or racks < 1:
+        raise RdurackError("--racks, --nodes and --sockets-per-node must be at least 1")
+    total = racks * nodes
+    here = total if local_nodes is None else local_nodes
+    if not 0 <= here <= total:
+        raise RdurackError(f"--local-nodes {here}: the platform has {total} nodes (0..{total})")
     port_range(link_ports, "--link-ports")  # refused before anything starts
     if not 0 <= port <= 65535:
         raise RdurackError(f"--port {port}: not a TCP port (0..65535)")
@@ -165,7 +169,7 @@ def up(
     rack_record.refuse_if_up(state_dir)
     logs = state_dir / "logs"
     logs.mkdir(exist_ok=True)
-    rack = rack_record.RackProcesses(state_dir, DEFAULT_PLATFORM, nodes, sockets_per_node)
+    rack = rack_record.RackProcesses(state_dir, DEFAULT_PLATFORM, total, sockets_per_node)
     rack.host = host
     security: list[str] = []
     if tls:
@@ -180,11 +184,13 @@ def up(
     if tokens is not None:
         rack.tokens = str(tokens.resolve())
     spec: list[str] = []
-    if (nodes, sockets_per_node) != DEFAULT_SHAPE:
+    if (racks, nodes, sockets_per_node) != DEFAULT_SHAPE:
         spec_file = (state_dir / SPEC_FILE).resolve()
+        # More than one rack: the base's default spine links them (rack.whatif).
         spec_file.write_text(
-            f"# written by rdu up: {nodes} nodes x {sockets_per_node} sockets\n"
-            f"base: {DEFAULT_PLATFORM}\nnodes: {nodes}\nnode: {{sockets: {sockets_per_node}}}\n"
+            f"# written by rdu up: {racks} racks x {nodes} nodes x {sockets_per_node} sockets\n"
+            f"base: {DEFAULT_PLATFORM}\nracks: {racks}\nnodes: {nodes}\n"
+            f"node: {{sockets: {sockets_per_node}}}\n"
         )
         spec = ["--spec", str(spec_file)]
     deadline = time.monotonic() + timeout_s

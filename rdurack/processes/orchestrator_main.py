@@ -126,9 +126,9 @@ def main(argv: list[str] | None = None) -> int:
         args = load(OrchestratorSettings, argv)
         agents = args.agent_addresses
         platform = load_platform(args.platform, args.spec)
-        if len(agents) > platform.nodes:
+        if len(agents) > platform.nodes_total:
             raise RdurackError(
-                f"--agents: {platform.name} has {platform.nodes} nodes; got {len(agents)} "
+                f"--agents: {platform.name} has {platform.nodes_total} nodes; got {len(agents)} "
                 "agent addresses"
             )
         spec_text = _spec_for_joiners(args.platform, args.spec)
@@ -170,10 +170,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"orchestrator: {e}", file=sys.stderr)
         orchestrator.stop()
         return 2
-    if len(agents) < platform.nodes:
+    if len(agents) < platform.nodes_total:
         print(
-            f"orchestrator: nodes {len(agents)}..{platform.nodes - 1} wait for their agents "
-            f"to join: rdu join --head {server.address}",
+            f"orchestrator: nodes {len(agents)}..{platform.nodes_total - 1} wait for their "
+            f"agents to join: rdu join --head {server.address}",
             flush=True,
         )
     if recovered:

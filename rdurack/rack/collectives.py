@@ -92,7 +92,7 @@ class Links:
         self._states: dict[tuple[SocketId, SocketId | None], LinkState] = {}
 
     def state(self, src: SocketId, dst: SocketId) -> LinkState:
-        switched = src.host == dst.host and self.topo.platform.node.fabric == "switch"
+        switched = src.node == dst.node and self.topo.platform.node.fabric == "switch"
         key = (src, None) if switched else (src, dst)
         st = self._states.get(key)
         if st is None:
@@ -154,11 +154,11 @@ def _check(topo: Topology, group: list[SocketId]) -> None:
         raise InvalidRequest("a collective group lists a socket twice")
 
 
-def _by_node(group: Iterable[SocketId]) -> dict[tuple[int, int], list[SocketId]]:
-    """Members by host, (rack, node)."""
-    nodes: dict[tuple[int, int], list[SocketId]] = {}
+def _by_node(group: Iterable[SocketId]) -> dict[int, list[SocketId]]:
+    """Members by node (host)."""
+    nodes: dict[int, list[SocketId]] = {}
     for s in sorted(group):
-        nodes.setdefault(s.host, []).append(s)
+        nodes.setdefault(s.node, []).append(s)
     return nodes
 
 
@@ -209,7 +209,7 @@ def _rail_step(
     for s in group:
         chunk, nbytes = chunk_of(s)
         for node, members in nodes.items():
-            if node != s.host:
+            if node != s.node:
                 peer = next(m for m in members if m.index == s.index)
                 sends.append(Send(s, peer, nbytes, chunk, True, parts))
     return tuple(sends)

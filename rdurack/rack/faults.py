@@ -151,7 +151,7 @@ def _sockets(topology: Topology, sockets: tuple[str, ...], count: int, field: st
 def _nodes(topology: Topology, nodes: tuple[int, ...], count: int) -> None:
     if len(nodes) != count:
         raise InvalidRequest(f"node: {count} node index(es) needed, got {len(nodes)}")
-    known = [str(n) for n in range(topology.platform.nodes)]
+    known = [str(n) for n in range(topology.platform.nodes_total)]
     for n in nodes:
         if str(n) not in known:
             raise UnknownName(f"node of {topology.platform.name}", str(n), known)

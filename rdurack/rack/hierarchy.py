@@ -34,12 +34,12 @@ from rdurack.rack.topology import SocketId, Topology
 NS = 1e-9
 
 
-def rack_aligned(group: list[SocketId]) -> bool:
-    """Every rack of the group holds the same (node, index) sockets: each member has a
-    spine peer in every other rack, as phase 2 needs."""
+def rack_aligned(topo: Topology, group: list[SocketId]) -> bool:
+    """Every rack of the group holds the same sockets (node within its rack, index):
+    each member has a spine peer in every other rack, as phase 2 needs."""
     racks: dict[int, set[tuple[int, int]]] = {}
     for s in group:
-        racks.setdefault(s.rack, set()).add((s.node, s.index))
+        racks.setdefault(s.rack, set()).add((s.node - s.rack * topo.platform.nodes, s.index))
     return len({frozenset(v) for v in racks.values()}) <= 1
 
 
@@ -74,7 +74,7 @@ def hierarchical_all_reduce(
     the chunk each member owns."""
     if not group:
         raise InvalidRequest("a collective needs at least one member")
-    if not rack_aligned(group):
+    if not rack_aligned(topo, group):
         raise InvalidRequest(
             "an all-reduce across racks needs the same sockets in every rack of the group"
         )

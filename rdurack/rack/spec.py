@@ -204,6 +204,11 @@ class PlatformSpec(Sourced):
         return self.racks * self.nodes * self.node.sockets
 
     @property
+    def nodes_total(self) -> int:
+        """Nodes of every rack: one node agent (one host) each, numbered 0..nodes_total-1."""
+        return self.racks * self.nodes
+
+    @property
     def sockets_per_rack(self) -> int:
         return self.nodes * self.node.sockets
 

@@ -68,6 +68,8 @@ class CollectiveCosts:
             p.node.intra_node_link.latency_ns,
             p.inter_node_link.bandwidth_bytes_per_s,
             p.inter_node_link.latency_ns,
+            # The spine (None on one rack): a group across racks crosses it.
+            None if p.spine is None else (p.spine.link.bandwidth_bytes_per_s, p.spine.latency_ns),
             tuple(group),
             nbytes,
         )

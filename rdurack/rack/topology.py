@@ -17,11 +17,14 @@ _NAME = re.compile(r"rdu(?:-r(\d+))?-n(\d+)-s(\d+)")
 @total_ordering
 @dataclass(frozen=True, slots=True)
 class SocketId:
-    """Socket `index` of node `node` of rack `rack` (nodes count within their rack).
+    """Socket `index` of node `node`, in rack `rack`.
 
-    Names: `rdu-n<node>-s<index>` in rack 0 (so a one-rack platform's names are what they
-    always were) and `rdu-r<rack>-n<node>-s<index>` in any other rack. Sockets order rack
-    by rack, node by node, then by index: rank order."""
+    Nodes count across the platform, as hosts do: rack r holds nodes r·N..r·N+N-1 (N
+    nodes a rack), so a node's number alone names its host and its agent, on one rack or
+    many. Names: `rdu-n<node>-s<index>` in rack 0 (so a one-rack platform's names are
+    what they always were) and `rdu-r<rack>-n<node>-s<index>` in any other rack, which
+    carries the rack for the reader (Topology.check holds it to node // N). Sockets
+    order rack by rack, node by node, then by index: rank order."""
 
     node: int
     index: int
@@ -30,11 +33,6 @@ class SocketId:
     def __str__(self) -> str:
         rack = f"-r{self.rack}" if self.rack else ""
         return f"rdu{rack}-n{self.node}-s{self.index}"
-
-    @property
-    def host(self) -> tuple[int, int]:
-        """(rack, node): the sockets sharing one host have the same."""
-        return (self.rack, self.node)
 
     def _key(self) -> tuple[int, int, int]:
         return (self.rack, self.node, self.index)
@@ -79,7 +77,7 @@ class Topology:
     def __init__(self, platform: PlatformSpec) -> None:
         self.platform = platform
         self._sockets = [
-            SocketId(n, i, r)
+            SocketId(r * platform.nodes + n, i, r)
             for r in range(platform.racks)
             for n in range(platform.nodes)
             for i in range(platform.node.sockets)
@@ -92,7 +90,8 @@ class Topology:
     def check(self, socket: SocketId) -> None:
         if not (
             0 <= socket.rack < self.platform.racks
-            and 0 <= socket.node < self.platform.nodes
+            and 0 <= socket.node < self.platform.nodes_total
+            and socket.node // self.platform.nodes == socket.rack
             and 0 <= socket.index < self.platform.node.sockets
         ):
             raise InvalidRequest(f"{socket} is not a socket of {self.platform.name}")
@@ -108,7 +107,7 @@ class Topology:
         """The direct link src -> dst, or None when there is none."""
         if src == dst:
             return None
-        if src.host == dst.host:
+        if src.node == dst.node:
             return self.platform.node.intra_node_link
         if src.index == dst.index:
             return self._across(src, dst)
@@ -144,9 +143,9 @@ class Topology:
             self.check(s)
         if len(set(group)) != len(group):
             raise InvalidRequest("a collective group lists a socket twice")
-        by_host: dict[tuple[int, int], list[SocketId]] = {}
+        by_host: dict[int, list[SocketId]] = {}
         for s in sorted(group):
-            by_host.setdefault(s.host, []).append(s)
+            by_host.setdefault(s.node, []).append(s)
         order: list[SocketId] = []
         for k, host in enumerate(sorted(by_host)):
             members = by_host[host]
@@ -155,7 +154,7 @@ class Topology:
 
     def nodes_of(self, group: list[SocketId]) -> int:
         """Distinct nodes (hosts) the group spans, over all racks."""
-        return len({s.host for s in group})
+        return len({s.node for s in group})
 
     def racks_of(self, group: list[SocketId]) -> int:
         return len({s.rack for s in group})

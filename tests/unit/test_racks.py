@@ -30,8 +30,8 @@ RACK = platform("sn40l-rack16")
     [
         ("rdu-n0-s0", SocketId(0, 0)),
         ("rdu-n1-s7", SocketId(1, 7, 0)),
-        ("rdu-r1-n0-s3", SocketId(0, 3, 1)),
-        ("rdu-r63-n1-s7", SocketId(1, 7, 63)),
+        ("rdu-r1-n2-s3", SocketId(2, 3, 1)),
+        ("rdu-r63-n127-s7", SocketId(127, 7, 63)),
     ],
 )
 def test_socket_names_round_trip_and_rack_0_keeps_its_old_name(text: str, socket: SocketId) -> None:
@@ -48,10 +48,24 @@ def test_bad_socket_names_are_refused_clearly(text: str) -> None:
 
 
 def test_sockets_order_rack_by_rack() -> None:
-    names = ["rdu-r1-n0-s0", "rdu-n1-s7", "rdu-n0-s1", "rdu-r1-n0-s1", "rdu-n1-s0"]
+    names = ["rdu-r1-n2-s0", "rdu-n1-s7", "rdu-n0-s1", "rdu-r1-n2-s1", "rdu-n1-s0"]
     assert [str(s) for s in sorted(map(SocketId.parse, names))] == [
-        "rdu-n0-s1", "rdu-n1-s0", "rdu-n1-s7", "rdu-r1-n0-s0", "rdu-r1-n0-s1",
+        "rdu-n0-s1", "rdu-n1-s0", "rdu-n1-s7", "rdu-r1-n2-s0", "rdu-r1-n2-s1",
     ]  # fmt: skip
+
+
+def test_nodes_count_across_racks_and_a_name_must_agree_with_its_rack() -> None:
+    topo = Topology(with_racks(RACK, 3))
+    assert topo.platform.nodes_total == 6
+    assert [str(s) for s in topo.sockets[16::8]] == [
+        "rdu-r1-n2-s0",
+        "rdu-r1-n3-s0",
+        "rdu-r2-n4-s0",
+        "rdu-r2-n5-s0",
+    ]
+    for wrong in ("rdu-r1-n0-s0", "rdu-r2-n3-s0", "rdu-n2-s0", "rdu-r2-n6-s0"):
+        with pytest.raises(InvalidRequest, match="is not a socket of"):
+            topo.check(SocketId.parse(wrong))
 
 
 # ------------------------------------------------------------------ spec and topology
@@ -101,7 +115,7 @@ def test_a_whatif_spine_on_a_platform_without_one_is_sourced_from_the_file(
 def test_the_ring_schedule_runs_across_racks_on_the_spine() -> None:
     topo = Topology(with_racks(platform("sn40l-node"), 2))  # 2 racks of one 8-socket node
     assert topo.platform.spine is not None
-    group = [SocketId(0, 0), SocketId(0, 0, 1)]
+    group = [SocketId(0, 0), SocketId(1, 0, 1)]
     # Two members, one per rack: 2 steps of half the bytes each way over the spine.
     cost = all_reduce(topo, group, 8e6, Algorithm.RING)
     spine = topo.platform.spine
@@ -113,8 +127,8 @@ def test_topology_kinds_and_paths_across_racks() -> None:
     p = with_racks(RACK, 3)
     assert p.spine is not None
     topo = Topology(p)
-    assert len(topo.sockets) == 48 and topo.sockets[16] == SocketId(0, 0, 1)
-    a, b = SocketId(0, 2), SocketId(1, 2, 2)
+    assert len(topo.sockets) == 48 and topo.sockets[16] == SocketId(2, 0, 1)
+    a, b = SocketId(0, 2), SocketId(5, 2, 2)
     assert topo.kind(a, SocketId(0, 5)) is LinkKind.INTRA_NODE
     assert topo.kind(a, SocketId(1, 2)) is LinkKind.INTER_NODE
     assert topo.kind(a, b) is LinkKind.INTER_RACK
@@ -123,7 +137,7 @@ def test_topology_kinds_and_paths_across_racks() -> None:
     bw = p.spine.bandwidth_bytes_per_s / p.spine.oversubscription
     assert (spine.bandwidth_bytes_per_s, spine.latency_ns) == (bw, p.spine.latency_ns)
     # Another index: the spine, then the destination node's mesh.
-    assert topo.path(a, SocketId(1, 5, 2)) == [spine, p.node.intra_node_link]
+    assert topo.path(a, SocketId(5, 5, 2)) == [spine, p.node.intra_node_link]
     with pytest.raises(InvalidRequest, match="not a socket"):
         topo.check(SocketId(0, 0, 3))
     group = topo.sockets
@@ -165,8 +179,9 @@ def test_oversubscription_slows_the_spine_phase_only(tmp_path: Path) -> None:
 
 def test_a_group_with_different_sockets_per_rack_is_refused() -> None:
     topo = Topology(with_racks(RACK, 2))
-    group = [SocketId(0, 0), SocketId(0, 1), SocketId(0, 0, 1)]
-    assert not rack_aligned(group)
+    group = [SocketId(0, 0), SocketId(0, 1), SocketId(2, 0, 1)]
+    assert not rack_aligned(topo, group)
+    assert rack_aligned(topo, [SocketId(1, 0), SocketId(3, 0, 1)])
     with pytest.raises(InvalidRequest, match="same sockets in every rack"):
         hierarchical_all_reduce(topo, group, 1e6)
 

@@ -18,7 +18,6 @@ from rdurack.workloads.training.arrays import Array
 from rdurack.workloads.training.backend import Backend, ReduceOpName
 
 BACKEND_NAME = "rdulink"  # the rack's socket-to-socket links; torch's "nccl" here
-MAX_WORLD_SIZE = 16  # sockets of one SN40L rack (2 nodes × 8): one rank per socket
 # torch's default process-group timeout (datetime.timedelta(minutes=30)), seconds.
 DEFAULT_TIMEOUT_S = 1800.0
 
@@ -65,11 +64,10 @@ class Distributed:
                 f"init_process_group: backend {backend!r} is not available; "
                 f"use {BACKEND_NAME!r} (the rack's socket links, as 'nccl' on GPUs)"
             )
-        if not 1 <= world_size <= MAX_WORLD_SIZE:
-            raise InvalidRequest(
-                f"init_process_group: world_size={world_size} is outside 1..{MAX_WORLD_SIZE} "
-                "(one rank per socket of a 16-socket rack)"
-            )
+        if world_size < 1:
+            # Its upper bound is the group's real size, checked below (the orchestrator
+            # holds a job to the platform's sockets, one rank each).
+            raise InvalidRequest(f"init_process_group: world_size={world_size}: at least 1")
         if not 0 <= rank < world_size:
             raise InvalidRequest(
                 f"init_process_group: rank={rank} is outside 0..{world_size - 1} "

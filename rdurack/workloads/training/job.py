@@ -47,7 +47,7 @@ from rdurack.rack.topology import SocketId, Topology
 from rdurack.workloads.predictor import Predictor
 from rdurack.workloads.training.arrays import Params
 from rdurack.workloads.training.ddp import DEFAULT_BUCKET_CAP_BYTES, assign_buckets
-from rdurack.workloads.training.distributed import DEFAULT_TIMEOUT_S, MAX_WORLD_SIZE
+from rdurack.workloads.training.distributed import DEFAULT_TIMEOUT_S
 from rdurack.workloads.training.loop import data_shape
 from rdurack.workloads.training.memory_plan import MemoryPlan, plan_memory
 from rdurack.workloads.training.models import Model
@@ -75,7 +75,7 @@ class TrainingWorkload(Config):
     kind: Literal["training"] = "training"
     model: str = Field(default="mlp", min_length=1, max_length=100)
     dataset: Literal["digits", "synthetic"] = "digits"  # numpy models only
-    world_size: int = Field(default=4, ge=1, le=MAX_WORLD_SIZE)
+    world_size: int = Field(default=4, ge=1)  # at most the platform's sockets (kinds/training)
     global_batch: int = Field(default=64, ge=1, le=1 << 20)  # samples per step, all ranks
     steps: int | None = Field(default=None, ge=1, le=1 << 20)
     epochs: int | None = Field(default=None, ge=1, le=10_000)  # default: 5 without steps
