@@ -27,6 +27,7 @@ from rdurack.devtools.bench_control import bench_control
 from rdurack.devtools.bench_endpoint import bench_endpoint
 from rdurack.devtools.bench_figure import BenchFigure
 from rdurack.devtools.bench_rack import bench_rack
+from rdurack.devtools.bench_racks import bench_racks
 from rdurack.devtools.bench_serve import bench_serve
 from rdurack.devtools.bench_submit import bench_submit
 from rdurack.devtools.bench_training import bench_progressive
@@ -123,6 +124,7 @@ BENCHMARKS: list[tuple[str, Benchmark]] = [
     ("CoE serving engine on the predictor", bench_serving_engine),
     ("paper fidelity", bench_paper_fidelity),
     ("rack: 2 node agents x 8 socket actors", bench_rack),
+    ("two racks (rdu up --racks 2): 4 node agents x 8 socket actors", bench_racks),
     ("control plane: SubmitJob and WatchJob beside their floors, both stores", bench_submit),
     ("control plane: rdu up, SubmitJob from 50 clients, scheduling", bench_control),
     ("progressive training (ProFL), default configuration", bench_progressive),

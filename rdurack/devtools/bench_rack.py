@@ -29,7 +29,7 @@ LINK_BYTES = 64_000_000  # 64 MB of float32
 ALL_REDUCE_ELEMENTS = 4_000_000  # 16 MB of float32
 
 
-def _rack_pss_bytes() -> int:
+def rack_pss_bytes() -> int:
     """Proportional set size of this process and every process it started (Ray's GCS,
     raylet and socket workers): shared pages are counted once across them."""
     me = psutil.Process()
@@ -51,7 +51,7 @@ def bench_rack() -> list[BenchFigure]:
     rack = platform("sn40l-rack16")
     agents = start_rack(rack)
     bring_up = time.monotonic() - started
-    idle_pss = _rack_pss_bytes()  # the rack itself, before any payload is put on it
+    idle_pss = rack_pss_bytes()  # the rack itself, before any payload is put on it
     try:
         for a in agents:
             a.reserve(JOB, a.socket_ids)
@@ -63,7 +63,7 @@ def bench_rack() -> list[BenchFigure]:
         # keep freed payload buffers for reuse (node_agent/heap.py), and this shows what
         # that holds, with the benchmark's tensors (64 MB on two sockets, 16 MB on each)
         # still in place.
-        busy_pss = _rack_pss_bytes()
+        busy_pss = rack_pss_bytes()
         with floors.link(LINK_BYTES) as bare_send:
             link_s, link_floor_s = floors.alternate(send, bare_send)
         with floors.ring(ALL_REDUCE_ELEMENTS) as bare_ring:

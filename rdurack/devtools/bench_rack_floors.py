@@ -56,21 +56,22 @@ def alternate(
     return statistics.median(times[0]), statistics.median(times[1])
 
 
-def bring_up_s() -> float:
-    """Wall seconds from nothing to Ray, 16 bare actors and two bare gRPC servers up.
-    Starts and stops its own Ray: call it while none runs."""
+def bring_up_s(actors: int = ACTORS, servers: int = SERVERS) -> float:
+    """Wall seconds from nothing to Ray, `actors` bare actors and `servers` bare gRPC
+    servers up (the rack's sockets and node agents). Starts and stops its own Ray: call
+    it while none runs."""
     started = time.monotonic()
     start_ray()
-    actors = [BareActor.remote() for _ in range(ACTORS)]
-    ray.get([a.ready.remote() for a in actors])
-    servers = []
-    for _ in range(SERVERS):
+    bare = [BareActor.remote() for _ in range(actors)]
+    ray.get([a.ready.remote() for a in bare])
+    grpc_servers = []
+    for _ in range(servers):
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
         server.add_insecure_port("127.0.0.1:0")
         server.start()
-        servers.append(server)
+        grpc_servers.append(server)
     took = time.monotonic() - started
-    for server in servers:
+    for server in grpc_servers:
         server.stop(0)
     ray.shutdown()
     return took

@@ -214,7 +214,7 @@ class CollectiveEngine:
                     clock.advance_to(msg.arrival_ns)
                     traffic.bytes_received += s.nbytes
                     if buffer is not None and msg.parts is not None:
-                        _apply(_chunk(buffer, s), msg, s.reduce)
+                        _apply(carried(buffer, s), msg, s.reduce)
             for sends in pending:
                 sends.wait()
         except LinkFailure:
@@ -262,7 +262,7 @@ class CollectiveEngine:
             nbytes=s.nbytes,
             # A view, no copy: start_all copies it into its message, or (streamed) is
             # waited for before the buffer changes.
-            payload=None if buffer is None else _chunk(buffer, s).data,
+            payload=None if buffer is None else carried(buffer, s).data,
             dtype=str(buffer.dtype) if buffer is not None else "",
         )
 
@@ -275,14 +275,19 @@ def check(op: str, reduce_op: str = "sum") -> None:
         raise InvalidRequest(f"unknown reduce op {reduce_op!r}; accepted: {', '.join(REDUCE_OPS)}")
 
 
-def _chunk(buffer: np.ndarray, send: ScheduledSend) -> np.ndarray:
-    """The part of `buffer` a send carries: chunk `send.chunk` of `send.parts`, split by
-    the same rule the schedule used for its byte counts."""
+def carried(buffer: np.ndarray, send: ScheduledSend) -> np.ndarray:
+    """The part of `buffer` a send carries: chunk `send.chunk` of `send.parts` (and part
+    `send.sub` of that), split by the same rule the schedule used for its byte counts."""
     if send.chunk == WHOLE:
         return buffer
     sizes = split(buffer.size, send.parts)
     lo = sum(sizes[: send.chunk])
-    return buffer[lo : lo + sizes[send.chunk]]
+    chunk = buffer[lo : lo + sizes[send.chunk]]
+    if send.sub == WHOLE:
+        return chunk
+    subs = split(chunk.size, send.subparts)
+    lo = sum(subs[: send.sub])
+    return chunk[lo : lo + subs[send.sub]]
 
 
 def _apply(target: np.ndarray, msg: Message, reduce: bool) -> None:

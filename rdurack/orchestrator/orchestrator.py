@@ -124,7 +124,9 @@ class Orchestrator:
         self.poll_s = poll_s
         self.quotas = dict(quotas or {})
         self.models = builtin_models()
-        self.scheduler = Scheduler(platform.nodes_total, platform.node.sockets)
+        self.scheduler = Scheduler(
+            platform.nodes_total, platform.node.sockets, nodes_per_rack=platform.nodes
+        )
         self._topology = Topology(platform)
         context = KindContext(platform, self.models, self.scheduler, progress_chunks)
         self._training = TrainingKind(context, checkpoint_dir)

@@ -17,6 +17,9 @@ Policy (what `Scheduler.schedule` does each round):
   that every socket's peer on the other nodes is its rail peer (one hop). Nodes are
   tried best fit first (fewest free, then lowest node) and the lowest common free
   indices are taken. A size that cannot split this way on the rack is refused by `check`.
+- **Racks.** On a platform of several racks (nodes number across them), a job that
+  fits the nodes of one rack is placed in one rack when one has room: the spine between
+  racks is slower and shared. Only a job that fits no single rack crosses it.
 - **Order and backfill.** The queue comes ordered by priority (desc) then FIFO and is
   walked in that order. A job that does not fit now does not stop later jobs that do.
 - **Starvation guard.** Backfill alone lets a stream of small jobs keep a wide job
@@ -66,7 +69,15 @@ class Scheduler:
     """Gang, topology-aware, priority/FIFO scheduling with backfill and a starvation guard
     (the module docstring states the policy)."""
 
-    def __init__(self, nodes: int, sockets_per_node: int, starvation_rounds: int = 20) -> None:
+    def __init__(
+        self,
+        nodes: int,
+        sockets_per_node: int,
+        starvation_rounds: int = 20,
+        nodes_per_rack: int | None = None,
+    ) -> None:
+        """`nodes`: every node of the platform; `nodes_per_rack`: how many of them each
+        rack holds (None: one rack)."""
         if nodes <= 0 or sockets_per_node <= 0:
             raise InvalidRequest(
                 f"a rack needs at least one node and one socket per node; "
@@ -74,13 +85,20 @@ class Scheduler:
             )
         if starvation_rounds <= 0:
             raise InvalidRequest(f"starvation_rounds must be positive; got {starvation_rounds}")
+        per_rack = nodes_per_rack or nodes
+        if per_rack <= 0 or nodes % per_rack:
+            raise InvalidRequest(f"{nodes} nodes do not make racks of {per_rack}")
         self.nodes = nodes
+        self.nodes_per_rack = per_rack
         self.sockets_per_node = sockets_per_node
         self.starvation_rounds = starvation_rounds
         # job id -> rounds it was overtaken by a later job while it waited.
         self.skips: dict[str, int] = {}
         # Names are built once: scheduling turns bits into strings for every placement.
-        self._names = [[str(SocketId(n, i)) for i in range(sockets_per_node)] for n in range(nodes)]
+        self._names = [
+            [str(SocketId(n, i, n // per_rack)) for i in range(sockets_per_node)]
+            for n in range(nodes)
+        ]
         self._index = {
             name: (n, i) for n, row in enumerate(self._names) for i, name in enumerate(row)
         }
@@ -247,15 +265,30 @@ class Scheduler:
             (n for n in range(self.nodes) if free[n].bit_count() >= width),
             key=lambda n: (free[n].bit_count(), n),
         )
+        if m <= self.nodes_per_rack < self.nodes:
+            # One rack first (Racks, module docstring), each rack's nodes in best-fit order.
+            for rack in range(self.nodes // self.nodes_per_rack):
+                inside = [n for n in order if n // self.nodes_per_rack == rack]
+                found = _first_common(inside, m, width, free, self._full)
+                if found is not None:
+                    return found
+        return _first_common(order, m, width, free, self._full)
 
-        def search(start: int, chosen: list[int], common: int) -> Iterator[tuple[list[int], int]]:
-            if len(chosen) == m:
-                yield chosen, common
-                return
-            for at in range(start, len(order) - (m - len(chosen)) + 1):
-                node = order[at]
-                both = common & free[node]
-                if both.bit_count() >= width:
-                    yield from search(at + 1, [*chosen, node], both)
 
-        return next(search(0, [], self._full), None)
+def _first_common(
+    order: list[int], m: int, width: int, free: list[int], full: int
+) -> tuple[list[int], int] | None:
+    """The first m nodes of `order` whose common free indices number at least `width`,
+    with that common mask; or None."""
+
+    def search(start: int, chosen: list[int], common: int) -> Iterator[tuple[list[int], int]]:
+        if len(chosen) == m:
+            yield chosen, common
+            return
+        for at in range(start, len(order) - (m - len(chosen)) + 1):
+            node = order[at]
+            both = common & free[node]
+            if both.bit_count() >= width:
+                yield from search(at + 1, [*chosen, node], both)
+
+    return next(search(0, [], full), None)

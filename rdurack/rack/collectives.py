@@ -11,7 +11,9 @@ equal parts, or the whole buffer) and whether the receiver reduces it into its o
 copies it, which is all the functional executor needs.
 
 Algorithms:
-  ring      2(N-1) steps of bytes/N around a ring (reduce-scatter, then all-gather)
+  ring      2(N-1) steps of bytes/N around a ring (reduce-scatter, then all-gather);
+            across racks the two-level ring of rack/hierarchy.py (the rack's ring, a
+            ring of each rack-chunk over the spine, the rack's ring again)
   direct    one-shot: the whole buffer to every peer of the node, then to rail peers
   two-shot  reduce-scatter and all-gather each as one direct exchange, rails between
   auto      the one with the earliest finish, as NCCL picks by message size
@@ -48,10 +50,16 @@ class Send:
     chunk: int = WHOLE  # which part of the buffer travels (WHOLE: all of it)
     reduce: bool = True  # the receiver adds it into its own; False: copies it
     parts: int = 1  # the buffer is split (see `split`) into this many parts
+    # Part `sub` of that chunk split again into `subparts` (WHOLE: the whole chunk): the
+    # spine phase of the two-level ring splits each rack-chunk among the racks.
+    sub: int = WHOLE
+    subparts: int = 1
 
     def __post_init__(self) -> None:
         if self.chunk != WHOLE and not 0 <= self.chunk < self.parts:
             raise InvalidRequest(f"chunk {self.chunk} of a buffer in {self.parts} parts")
+        if self.sub != WHOLE and (self.chunk == WHOLE or not 0 <= self.sub < self.subparts):
+            raise InvalidRequest(f"part {self.sub} of {self.subparts} of chunk {self.chunk}")
 
 
 Step = tuple[Send, ...]
@@ -170,34 +178,84 @@ def rail_aligned(group: list[SocketId]) -> bool:
     return len(indices) == 1
 
 
+def rack_aligned(topo: Topology, group: list[SocketId]) -> bool:
+    """Every rack of the group holds the same sockets (node within its rack, index):
+    each member has a spine peer in every other rack, as the two-level ring needs."""
+    racks: dict[int, set[tuple[int, int]]] = {}
+    for s in group:
+        racks.setdefault(s.rack, set()).add((s.node - s.rack * topo.platform.nodes, s.index))
+    return len({frozenset(v) for v in racks.values()}) <= 1
+
+
 def ring_all_reduce(
     topo: Topology, group: list[SocketId], elements: int, itemsize: int
 ) -> Schedule:
     """Reduce-scatter then all-gather around `topo.ring(group)`: member p first sends chunk
-    (p - s) mod N and the receiver adds it; then chunk (p + 1 - s) mod N, copied."""
+    (p - s) mod N and the receiver adds it; then chunk (p + 1 - s) mod N, copied. A group
+    across racks with the same sockets in each takes the two-level ring instead."""
     _check(topo, group)
+    if topo.racks_of(group) > 1 and rack_aligned(topo, group):
+        return _two_level_ring(topo, group, elements, itemsize)
     ring = topo.ring(group)
+    return (
+        *_ring_phase(ring, elements, itemsize, True),
+        *_ring_phase(ring, elements, itemsize, False),
+    )
+
+
+def _ring_phase(ring: list[SocketId], elements: int, itemsize: int, reduce: bool) -> list[Step]:
+    """Half a ring all-reduce over `ring`: reduce-scatter (`reduce`; member p ends owning
+    chunk (p + 1) mod N) or the all-gather that follows it."""
     n = len(ring)
-    if n == 1:
-        return ()
     sizes = [e * itemsize for e in split(elements, n)]
-    steps: list[Step] = []
-    for phase_reduce, offset in ((True, 0), (False, 1)):
-        for s in range(n - 1):
-            steps.append(
-                tuple(
-                    Send(
-                        ring[p],
-                        ring[(p + 1) % n],
-                        sizes[(p + offset - s) % n],
-                        (p + offset - s) % n,
-                        phase_reduce,
-                        n,
-                    )
-                    for p in range(n)
-                )
+    offset = 0 if reduce else 1
+    return [
+        tuple(
+            Send(
+                ring[p],
+                ring[(p + 1) % n],
+                sizes[(p + offset - s) % n],
+                (p + offset - s) % n,
+                reduce,
+                n,
             )
-    return tuple(steps)
+            for p in range(n)
+        )
+        for s in range(n - 1)
+    ]
+
+
+def _two_level_ring(
+    topo: Topology, group: list[SocketId], elements: int, itemsize: int
+) -> Schedule:
+    """rack/hierarchy.py's three phases as sends: every rack's ring reduce-scatter at
+    once; then the R owners of each rack-chunk (member p of every rack owns chunk
+    (p + 1) mod K) ring-all-reduce it over the spine in R parts; then every rack's ring
+    all-gather. Racks ring in rack order, members in `topo.ring` order."""
+    by_rack: dict[int, list[SocketId]] = {}
+    for s in sorted(group):
+        by_rack.setdefault(s.rack, []).append(s)
+    rings = [topo.ring(members) for _, members in sorted(by_rack.items())]
+    k, r = len(rings[0]), len(rings)
+
+    def in_racks(reduce: bool) -> list[Step]:
+        phases = [_ring_phase(ring, elements, itemsize, reduce) for ring in rings]
+        return [tuple(send for phase in phases for send in phase[s]) for s in range(k - 1)]
+
+    chunks = split(elements, k)
+    spine: list[Step] = []
+    for reduce, offset in ((True, 0), (False, 1)):
+        for t in range(r - 1):
+            step = []
+            for p in range(k):
+                c = (p + 1) % k
+                subs = split(chunks[c], r)
+                for q in range(r):
+                    sub = (q + offset - t) % r
+                    src, dst = rings[q][p], rings[(q + 1) % r][p]
+                    step.append(Send(src, dst, subs[sub] * itemsize, c, reduce, k, sub, r))
+            spine.append(tuple(step))
+    return (*in_racks(True), *spine, *in_racks(False))
 
 
 def _rail_step(

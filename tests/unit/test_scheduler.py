@@ -50,6 +50,39 @@ def test_a_sixteen_socket_job_is_not_placed_when_one_socket_is_busy() -> None:
     assert Scheduler(2, 8).schedule([job("wide", 16)], busy={"rdu-n1-s3"}) == []
 
 
+# ------------------------------------------------------------------ racks
+
+
+def test_two_racks_name_their_sockets_and_a_32_socket_job_takes_them_all() -> None:
+    s = Scheduler(4, 8, nodes_per_rack=2)
+    [p] = s.schedule([job("wide", 32)], busy=())
+    assert len(p.sockets) == 32 and p.sockets[16] == "rdu-r1-n2-s0"
+    assert {SocketId.parse(x).rack for x in p.sockets} == {0, 1}
+
+
+def test_a_job_that_fits_one_rack_does_not_cross_the_spine() -> None:
+    # 12 sockets: two nodes of 6 common free indices. Nodes 1 and 2 fit best (6 free
+    # each, the same indices) but sit in two racks; rack 0 holds the job on nodes 0, 1.
+    busy = {"rdu-n1-s0", "rdu-n1-s1", "rdu-r1-n2-s0", "rdu-r1-n2-s1"}
+    [p] = Scheduler(4, 8, nodes_per_rack=2).schedule([job("x", 12)], busy)
+    assert nodes_of(p) == {0, 1}
+    # On one rack of four nodes the same busy sockets give the best fit, nodes 1 and 2.
+    one_rack = {"rdu-n1-s0", "rdu-n1-s1", "rdu-n2-s0", "rdu-n2-s1"}
+    [p] = Scheduler(4, 8).schedule([job("x", 12)], one_rack)
+    assert nodes_of(p) == {1, 2}
+
+
+def test_a_job_that_fits_no_single_rack_crosses_the_spine() -> None:
+    [p] = Scheduler(4, 8, nodes_per_rack=2).schedule([job("y", 24)], busy=())
+    assert nodes_of(p) == {0, 1, 2}
+    assert {SocketId.parse(x).rack for x in p.sockets} == {0, 1}
+
+
+def test_nodes_that_do_not_make_whole_racks_are_refused() -> None:
+    with pytest.raises(InvalidRequest, match="5 nodes do not make racks of 2"):
+        Scheduler(5, 8, nodes_per_rack=2)
+
+
 # ------------------------------------------------------------------ topology
 
 
