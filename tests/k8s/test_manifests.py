@@ -80,6 +80,8 @@ def test_every_object_is_strictly_schema_valid(
     rendered: dict[str, list[Obj]], overlay: str, version: str
 ) -> None:
     for obj in rendered[overlay]:
+        if obj["kind"] == "RayCluster":
+            continue  # a CRD kubernetes-validate lacks: test_kuberay.py checks its schema
         try:
             kubernetes_validate.validate(obj, version, strict=True)
         except kubernetes_validate.ValidationError as e:
@@ -264,7 +266,10 @@ def test_tracing_reaches_every_rdurack_container(
     docs = rendered[overlay]
     ours = [c for w in workloads(docs) for c in w["spec"]["template"]["spec"]["containers"]]
     ours = [c for c in ours if is_rdurack(c)]
-    assert len(ours) == 4
+    # Orchestrator, endpoint, Ray head and the node agents: one StatefulSet (dev), or
+    # one RayCluster worker group per rack node (rack16, k8s/components/kuberay).
+    groups = [w for w in workloads(docs) if w["kind"] == "RayCluster"]
+    assert len(ours) == (4 if not groups else 2 + len(groups))
     for c in ours:
         assert env_of(c)["OTEL_EXPORTER_OTLP_ENDPOINT"]["value"] == OTEL, c["name"]
     jaeger = find(docs, "Service", "jaeger")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import shutil
 import subprocess
 from pathlib import Path
@@ -56,7 +57,22 @@ def find(docs: list[Obj], kind: str, name: str) -> Obj:
 
 
 def workloads(docs: list[Obj]) -> list[Obj]:
-    return [d for d in docs if d["kind"] in ("Deployment", "StatefulSet")]
+    """Deployments, StatefulSets and, as one workload per group, a KubeRay RayCluster's
+    head and worker groups (k8s/components/kuberay): {"kind": "RayCluster", "metadata":
+    {"name": CLUSTER-GROUP}, "spec": {"template": ...}}, whose pod labels carry the
+    ray.io/cluster and ray.io/group labels KubeRay adds to its pods (v1.5.2
+    ray-operator/controllers/ray/utils/constant.go), so Service selectors can be checked."""
+    out = [d for d in docs if d["kind"] in ("Deployment", "StatefulSet")]
+    for rc in (d for d in docs if d["kind"] == "RayCluster"):
+        name = rc["metadata"]["name"]
+        groups = [("headgroup", rc["spec"]["headGroupSpec"])]
+        groups += [(g["groupName"], g) for g in rc["spec"].get("workerGroupSpecs", [])]
+        for group, g in groups:
+            tpl = copy.deepcopy(g["template"])
+            tpl["metadata"]["labels"].update({"ray.io/cluster": name, "ray.io/group": group})
+            meta = {"name": f"{name}-{group}", "labels": dict(rc["metadata"].get("labels", {}))}
+            out.append({"kind": "RayCluster", "metadata": meta, "spec": {"template": tpl}})
+    return out
 
 
 def is_rdurack(container: Obj) -> bool:
@@ -85,8 +101,19 @@ def spec_path(container: Obj) -> str:
 
 def labels_of(docs: list[Obj], component_name: str) -> dict[str, str]:
     """The pod labels of the workload whose pods are `component_name`."""
-    (w,) = [w for w in workloads(docs) if component(w) == component_name]
-    return dict(w["spec"]["template"]["metadata"]["labels"])
+    hits = [w for w in workloads(docs) if component(w) == component_name]
+    assert hits, f"no workload of component {component_name}"
+    # A RayCluster's worker groups share their app labels; ray.io/* tell them apart.
+    labels = [
+        {
+            k: v
+            for k, v in w["spec"]["template"]["metadata"]["labels"].items()
+            if not k.startswith("ray.io/")
+        }
+        for w in hits
+    ]
+    assert all(lab == labels[0] for lab in labels), labels
+    return dict(labels[0])
 
 
 def admits(policies: list[Obj], source: dict[str, str], target: dict[str, str], port: int) -> bool:
