@@ -71,7 +71,10 @@ def workloads(docs: list[Obj]) -> list[Obj]:
             tpl = copy.deepcopy(g["template"])
             tpl["metadata"]["labels"].update({"ray.io/cluster": name, "ray.io/group": group})
             meta = {"name": f"{name}-{group}", "labels": dict(rc["metadata"].get("labels", {}))}
-            out.append({"kind": "RayCluster", "metadata": meta, "spec": {"template": tpl}})
+            # KubeRay finds a group's pods by these two labels, as a selector would.
+            sel = {"matchLabels": {"ray.io/cluster": name, "ray.io/group": group}}
+            spec = {"template": tpl, "selector": sel}
+            out.append({"kind": "RayCluster", "metadata": meta, "spec": spec})
     return out
 
 
