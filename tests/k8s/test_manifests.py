@@ -50,6 +50,23 @@ def test_overlay_renders_every_piece(rendered: dict[str, list[Obj]], overlay: st
     if overlay == "rack16":
         assert kinds >= HA_ADDS and not HA_REMOVES & kinds
         kinds = kinds - HA_ADDS | HA_REMOVES
+        # k8s/components/kuberay: the RayCluster and its per-node pieces replace Ray's.
+        ray_adds = {("RayCluster", "rdurack-ray")} | {
+            (k, f"{p}{i}")
+            for i in range(2)
+            for k, p in (
+                ("Service", "rdurack-node-"),
+                ("PersistentVolumeClaim", "rdurack-checkpoints-node-"),
+            )
+        }
+        ray_removes = {
+            ("Deployment", "rdurack-ray-head"),
+            ("Service", "rdurack-ray-head"),
+            ("StatefulSet", "rdurack-node-agent"),
+            ("Service", "rdurack-node-agent"),
+        }
+        assert kinds >= ray_adds and not ray_removes & kinds
+        kinds = kinds - ray_adds | ray_removes
     assert kinds == {
         ("ConfigMap", "rdurack-spec"),
         ("Deployment", "rdurack-ray-head"),
