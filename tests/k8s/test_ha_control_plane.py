@@ -36,7 +36,8 @@ HA = "rack16"  # the overlay that lists the component
 SECRET = "rdurack-postgres"
 # Variables of the orchestrator's container that are not its own settings: Python's,
 # the tracing component's, and libpq's password (the store's URL holds none).
-FOREIGN_ENV = {"PYTHONUNBUFFERED", "OTEL_EXPORTER_OTLP_ENDPOINT", "PGPASSWORD"}
+# POD_IP is read by Kubernetes only, to expand $(POD_IP) in RDURACK_REPLICA.
+FOREIGN_ENV = {"PYTHONUNBUFFERED", "OTEL_EXPORTER_OTLP_ENDPOINT", "PGPASSWORD", "POD_IP"}
 PLACEHOLDERS = {
     (SECRET, "url"): "postgresql://rdurack@rdurack-postgres:5432/rdurack",
     (SECRET, "password"): "a-password",

@@ -26,6 +26,7 @@ from tests.support.manifests import (
 )
 
 OTEL = "http://jaeger:4317"
+NODE_SET = "rdurack-node-agent"  # the base's StatefulSet of node agents
 NEEDS_GRPC_PROBES = {"orchestrator", "node-agent"}  # they serve grpc.health.v1
 ENDPOINT_PORT = 8000  # `rdu serve`'s: HTTPS, the OpenAI API (test_endpoint.py)
 ROOT = Path(__file__).resolve().parents[2]
@@ -223,25 +224,27 @@ def test_every_pod_is_hardened_and_bounded(rendered: dict[str, list[Obj]], overl
 def test_rack_shape_agrees_everywhere(
     rendered: dict[str, list[Obj]], overlay: str, tmp_path: Path
 ) -> None:
-    """The spec's nodes = the StatefulSet's replicas = the orchestrator's agent list, and
-    the spec is valid for the project's own model."""
+    """The spec's nodes = the node agents' pods (StatefulSet replicas, or RayCluster
+    worker groups) = the orchestrator's agent list, and the spec is valid for the
+    project's own model."""
     docs = rendered[overlay]
     spec_file = tmp_path / "platform.yaml"
     spec_file.write_text(find(docs, "ConfigMap", "rdurack-spec")["data"]["platform.yaml"])
     platform = load_platform("sn40l-rack16", spec_file)
 
-    agents_set = find(docs, "StatefulSet", "rdurack-node-agent")
     orchestrator = find(docs, "Deployment", "rdurack-orchestrator")
     (orch,) = orchestrator["spec"]["template"]["spec"]["containers"]
     agents = env_of(orch)["RDURACK_AGENTS"]["value"].split(",")
-    (agent,) = agents_set["spec"]["template"]["spec"]["containers"]
-    port = env_of(agent)["RDURACK_AGENT_PORT"]["value"]
-
-    assert platform.nodes == agents_set["spec"]["replicas"] == len(agents)
-    assert agents == [
-        f"rdurack-node-agent-{i}.{agents_set['spec']['serviceName']}:{port}"
-        for i in range(platform.nodes)
-    ]
+    pods = node_agent_pods(docs)
+    port = env_of(pods[0]["containers"][0])["RDURACK_AGENT_PORT"]["value"]
+    assert platform.nodes == len(pods) == len(agents)
+    sets = [d for d in docs if d["kind"] == "StatefulSet" and d["metadata"]["name"] == NODE_SET]
+    if sets:  # the base: one StatefulSet, a pod per node, named by ordinal
+        assert sets[0]["spec"]["replicas"] == platform.nodes
+        service = sets[0]["spec"]["serviceName"]
+        assert agents == [f"{NODE_SET}-{i}.{service}:{port}" for i in range(platform.nodes)]
+    else:  # k8s/components/kuberay: a worker group and a Service per node
+        assert agents == [f"rdurack-node-{i}:{port}" for i in range(platform.nodes)]
     assert (platform.nodes, platform.node.sockets) == {"dev": (1, 2), "rack16": (2, 8)}[overlay]
     # Every rdurack process reads the same mounted spec.
     for w in workloads(docs):
@@ -261,19 +264,32 @@ def test_rack_shape_agrees_everywhere(
 def test_pods_get_identity_from_the_downward_api(
     rendered: dict[str, list[Obj]], overlay: str
 ) -> None:
-    (agent,) = find(rendered[overlay], "StatefulSet", "rdurack-node-agent")["spec"]["template"][
-        "spec"
-    ]["containers"]
-    env = env_of(agent)
-    assert env["RDURACK_NODE_INDEX"]["valueFrom"]["fieldRef"]["fieldPath"] == (
-        "metadata.labels['apps.kubernetes.io/pod-index']"
-    )
-    assert env["RDURACK_HOST"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
-    assert env["RAY_ADDRESS"]["value"] == "rdurack-ray-head:6379"
-    # 0 would pin Ray to loopback and refuse worker nodes (see ray-head.yaml).
-    assert env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"]["value"] == "1"
-    mounts = {m["mountPath"] for m in agent["volumeMounts"]}
-    assert "/var/lib/rdurack/checkpoints" in mounts
+    for i, pod in enumerate(node_agent_pods(rendered[overlay])):
+        (agent,) = pod["containers"]
+        env = env_of(agent)
+        if overlay == "dev":  # the StatefulSet's pod ordinal is the node index
+            assert env["RDURACK_NODE_INDEX"]["valueFrom"]["fieldRef"]["fieldPath"] == (
+                "metadata.labels['apps.kubernetes.io/pod-index']"
+            )
+            assert env["RAY_ADDRESS"]["value"] == "rdurack-ray-head:6379"
+        else:  # one worker group per node, its index written in; KubeRay's head Service
+            assert env["RDURACK_NODE_INDEX"]["value"] == str(i)
+            assert env["RAY_ADDRESS"]["value"] == "rdurack-ray-head-svc:6379"
+        assert env["RDURACK_HOST"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+        # 0 would pin Ray to loopback and refuse worker nodes (see ray-head.yaml).
+        assert env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"]["value"] == "1"
+        mounts = {m["mountPath"] for m in agent["volumeMounts"]}
+        assert "/var/lib/rdurack/checkpoints" in mounts
+
+
+def node_agent_pods(docs: list[Obj]) -> list[Obj]:
+    """The pod specs of the node agents, in node order: the base StatefulSet's one
+    template per node (dev), or each RayCluster worker group's (rack16)."""
+    sets = [d for d in docs if d["kind"] == "StatefulSet" and d["metadata"]["name"] == NODE_SET]
+    if sets:
+        return [sets[0]["spec"]["template"]["spec"]] * int(sets[0]["spec"]["replicas"])
+    (cluster,) = [d for d in docs if d["kind"] == "RayCluster"]
+    return [g["template"]["spec"] for g in cluster["spec"]["workerGroupSpecs"]]
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -293,6 +309,26 @@ def test_tracing_reaches_every_rdurack_container(
     assert {p["port"] for p in jaeger["spec"]["ports"]} == {16686, 4317}
     (jc,) = find(docs, "Deployment", "jaeger")["spec"]["template"]["spec"]["containers"]
     assert env_of(jc)["COLLECTOR_OTLP_ENABLED"]["value"] == "true"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_orchestrator_listens_on_every_pod_address_and_names_its_pod_ip(
+    rendered: dict[str, list[Obj]], overlay: str
+) -> None:
+    """0.0.0.0: a Service and the probes reach the pod IP, `kubectl port-forward` the
+    pod's loopback (a server on the pod IP alone would refuse the latter). Its replica
+    name, the address other replicas forward to, is the pod IP, defined before it."""
+    (orch,) = find(rendered[overlay], "Deployment", "rdurack-orchestrator")["spec"]["template"][
+        "spec"
+    ]["containers"]
+    env = env_of(orch)
+    assert env["RDURACK_HOST"]["value"] == "0.0.0.0"
+    assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+    assert env["RDURACK_REPLICA"]["value"] == "$(POD_IP):$(RDURACK_ORCHESTRATOR_PORT)"
+    order = [e["name"] for e in orch["env"]]
+    assert order.index("RDURACK_REPLICA") > max(
+        order.index("POD_IP"), order.index("RDURACK_ORCHESTRATOR_PORT")
+    )
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)

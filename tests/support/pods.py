@@ -18,6 +18,8 @@ TOKENS_DIR = "/etc/rdurack-tokens"
 ENDPOINT_TOKEN_DIR = "/etc/rdurack-endpoint-token"
 STATE_DIR = "/var/lib/rdurack/state"
 CHECKPOINTS = "/var/lib/rdurack/checkpoints"
+# Kubernetes' $(VAR) in a command, an argument or an env value (earlier variables).
+EXPAND = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
 
 
 # `ray start` on a worker node (no --head) waits for SIGTERM; anything else is real Ray.
@@ -71,11 +73,13 @@ class Localizer:
         path = os.pathsep.join([str(self.shims), str(Path(sys.executable).parent)])
         env = {**os.environ, "PATH": f"{path}{os.pathsep}{os.environ.get('PATH', '')}"}
         env.pop("OTEL_EXPORTER_OTLP_ENDPOINT", None)
+        defined: dict[str, str] = {}  # $(VAR) expands to a variable defined above it
         for name, item in env_of(container).items():
             if name == "OTEL_EXPORTER_OTLP_ENDPOINT":
                 continue  # no collector here
             if "value" in item:
-                env[name] = self.text(str(item["value"]))
+                value = EXPAND.sub(lambda m: defined.get(m[1], m[0]), str(item["value"]))
+                env[name] = defined[name] = self.text(value)
                 continue
             field = item["valueFrom"]["fieldRef"]["fieldPath"]
             downward = {
@@ -83,7 +87,7 @@ class Localizer:
                 "metadata.labels['apps.kubernetes.io/pod-index']": "0",
             }
             assert field in downward, f"{container['name']}: no local stand-in for {field}"
-            env[name] = downward[field]
+            env[name] = defined[name] = downward[field]
         env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # loopback on this machine
         env["RAY_TMPDIR"] = str(self.ray_tmp)
         return env
@@ -91,5 +95,4 @@ class Localizer:
     def command(self, container: Obj, env: dict[str, str]) -> list[str]:
         """The container's command and args, with Kubernetes' $(VAR) expansion."""
         argv = [*container.get("command", []), *container.get("args", [])]
-        expand = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
-        return [self.text(expand.sub(lambda m: env.get(m[1], m[0]), a)) for a in argv]
+        return [self.text(EXPAND.sub(lambda m: env.get(m[1], m[0]), a)) for a in argv]
