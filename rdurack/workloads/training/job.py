@@ -105,6 +105,12 @@ class TrainingWorkload(Config):
     # The Python client's own train_loop_per_worker(ctx), cloudpickled; empty: the
     # built-in loop. It runs in the socket actors: whoever may submit jobs may run code.
     loop: bytes = Field(default=b"", max_length=MAX_LOOP_BYTES)
+    # A torchrun-style script: its source, run as __main__ once per rank in the socket
+    # actors (node_agent/training/script.py), its file name (what tracebacks show) and
+    # its sys.argv[1:]. Empty: not a script job. Whoever may submit jobs may run code.
+    script: bytes = Field(default=b"", max_length=MAX_LOOP_BYTES)
+    script_name: str = Field(default="", max_length=255)
+    script_args: tuple[str, ...] = Field(default=(), max_length=1024)
 
     @model_validator(mode="after")
     def _consistent(self) -> TrainingWorkload:
