@@ -45,7 +45,16 @@ from rdurack.rack.collectives import Send as ScheduledSend
 from rdurack.rack.topology import SocketId, Topology, link_name
 
 COLLECTIVE_OPS = ("all_reduce", "broadcast", "all_gather", "barrier", "send")
-REDUCE_OPS = ("sum", "mean")  # what an all-reduce makes of the members' buffers
+# What an all-reduce makes of the members' buffers: each element-wise, associative and
+# commutative (the ring combines chunks in ring order), "mean" the sum divided at the end.
+REDUCE_OPS = ("sum", "mean", "max", "min", "product")
+_COMBINE: dict[str, np.ufunc] = {
+    "sum": np.add,
+    "mean": np.add,
+    "max": np.maximum,
+    "min": np.minimum,
+    "product": np.multiply,
+}
 
 
 @dataclass(frozen=True)
@@ -57,7 +66,12 @@ class Plan:
     schedule: Schedule
     elements: int  # of the buffer each member holds
     itemsize: int  # bytes
-    mean: bool = False  # an all-reduce that divides the sum by the group's size
+    reduce_op: str = "sum"  # an all-reduce's (REDUCE_OPS)
+
+    @property
+    def mean(self) -> bool:
+        """An all-reduce that divides the sum by the group's size."""
+        return self.op == "all_reduce" and self.reduce_op == "mean"
 
     @property
     def nbytes(self) -> int:
@@ -145,8 +159,7 @@ class CollectiveEngine:
             src = SocketId.parse(root) if root else members[0]
             dst = members[1] if src == members[0] else members[0]
             schedule = ((ScheduledSend(src, dst, elements * itemsize, WHOLE, False),),)
-        mean = op == "all_reduce" and reduce_op == "mean"
-        return Plan(op, members, schedule, elements, itemsize, mean)
+        return Plan(op, members, schedule, elements, itemsize, reduce_op)
 
     def run(
         self,
@@ -155,15 +168,21 @@ class CollectiveEngine:
         clock: EmulatedClock,
         timeout_s: float,
         buffer: np.ndarray | None = None,
+        sequence: str = "",
     ) -> Exchanged:
         """This socket's part of `plan` on `clock`, waiting at most `timeout_s` wall
         seconds for each message. `buffer` (functional mode; contiguous) is reduced or
-        copied in place, but for all-gather's result, which is larger."""
+        copied in place, but for all-gather's result, which is larger.
+
+        `sequence`: a prefix of `tag` that names the collective's place in its group's
+        sequence (the rest says what it is). A message under the same prefix with
+        another tag means a peer issued a different collective in that place: the wait
+        fails at once with `CollectiveMismatch` instead of running into the timeout."""
         if buffer is not None:
             buffer = self._gather_buffer(buffer, plan) if plan.op == "all_gather" else buffer
             buffer = buffer.reshape(-1)
         try:
-            traffic = self._execute(tag, plan, clock, timeout_s, buffer)
+            traffic = self._execute(tag, plan, clock, timeout_s, buffer, sequence)
         except LinkFailure:
             self._endpoint.mailbox.discard(tag)
             raise
@@ -186,6 +205,7 @@ class CollectiveEngine:
         clock: EmulatedClock,
         timeout_s: float,
         buffer: np.ndarray | None,
+        sequence: str,
     ) -> Traffic:
         me = self.me
         traffic = Traffic()
@@ -194,7 +214,12 @@ class CollectiveEngine:
         # collected at the end; one that failed ends the wait for a reply at once.
         pending: list[Sends] = []
 
+        mailbox = self._endpoint.mailbox
+        combine = _COMBINE[plan.reduce_op]
+
         def failed() -> LinkFailure | None:
+            if sequence and (stray := mailbox.stray(sequence, tag)) is not None:
+                return CollectiveMismatch(str(me), tag, stray.src, stray.tag)
             return next((e for p in pending if (e := p.failure()) is not None), None)
 
         try:
@@ -214,7 +239,7 @@ class CollectiveEngine:
                     clock.advance_to(msg.arrival_ns)
                     traffic.bytes_received += s.nbytes
                     if buffer is not None and msg.parts is not None:
-                        _apply(carried(buffer, s), msg, s.reduce)
+                        _apply(carried(buffer, s), msg, combine if s.reduce else None)
             for sends in pending:
                 sends.wait()
         except LinkFailure:
@@ -267,6 +292,21 @@ class CollectiveEngine:
         )
 
 
+class CollectiveMismatch(LinkFailure):
+    """Two members issued different collectives at the same place in their group's
+    sequence (tags: what each issued)."""
+
+    def __init__(self, me: str, mine: str, peer: str, theirs: str) -> None:
+        self.me, self.mine, self.peer, self.theirs = me, mine, peer, theirs
+        super().__init__(
+            f"{me} issued {mine!r} where {peer} issued {theirs!r}: every member of a group "
+            "must issue the same collectives, with the same shapes, in the same order"
+        )
+
+    def __reduce__(self) -> tuple[type, tuple[str, str, str, str]]:
+        return (type(self), (self.me, self.mine, self.peer, self.theirs))
+
+
 def check(op: str, reduce_op: str = "sum") -> None:
     """Refuse an operation or a reduce op the engine does not run, naming those it does."""
     if op not in COLLECTIVE_OPS:
@@ -290,9 +330,9 @@ def carried(buffer: np.ndarray, send: ScheduledSend) -> np.ndarray:
     return chunk[lo : lo + subs[send.sub]]
 
 
-def _apply(target: np.ndarray, msg: Message, reduce: bool) -> None:
-    """Add (`reduce`) or copy a received message's data into `target`, part by part as
-    it arrived: no copy of the whole message first."""
+def _apply(target: np.ndarray, msg: Message, combine: np.ufunc | None) -> None:
+    """Combine (`combine`: add, max, ...) or copy a received message's data into
+    `target`, part by part as it arrived: no copy of the whole message first."""
     parts = msg.parts or ()
     if any(len(p) % target.itemsize for p in parts[:-1]):
         parts = (msg.payload or b"",)  # parts not on element boundaries: join them
@@ -300,8 +340,8 @@ def _apply(target: np.ndarray, msg: Message, reduce: bool) -> None:
     for part in parts:
         incoming = np.frombuffer(part, dtype=target.dtype)
         piece = target[offset : offset + incoming.size]
-        if reduce:
-            piece += incoming
+        if combine is not None:
+            combine(piece, incoming, out=piece)
         else:
             piece[...] = incoming
         offset += incoming.size

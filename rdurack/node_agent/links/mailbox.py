@@ -140,6 +140,15 @@ class Mailbox:
                 del self._messages[k]
             return len(stale)
 
+    def stray(self, prefix: str, tag: str) -> Message | None:
+        """A message whose tag starts with `prefix` but is not `tag` (a peer that issued
+        another collective where this socket waits for `tag`), if one is here."""
+        with self._cond:
+            return next(
+                (m for (t, _, _), m in self._messages.items() if t != tag and t.startswith(prefix)),
+                None,
+            )
+
     def pending(self) -> int:
         """Messages received and not yet taken."""
         with self._cond:

@@ -23,3 +23,7 @@ class RankHost(Protocol):
     clock: EmulatedClock  # the socket's clock: the rank's compute stream
     slowdown: float  # fault hook: its compute takes this many times longer (read live)
     engine: CollectiveEngine  # the socket's collectives over its links
+
+    def address(self) -> str:
+        """The socket's link address, host:port (a script job's rendezvous host)."""
+        ...

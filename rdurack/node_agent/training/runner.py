@@ -28,6 +28,7 @@ from rdurack.node_agent.timeline.hardware_trace import HardwareTrace
 from rdurack.node_agent.training.backend import LinkBackend
 from rdurack.node_agent.training.host import RankHost
 from rdurack.node_agent.training.recorder import RankRecorder
+from rdurack.node_agent.training.script import ScriptRank
 from rdurack.node_agent.training.timed import TimedModel, backward, forward
 from rdurack.node_agent.training.user_loop import run_user_loop
 from rdurack.rack.clock import seconds_to_ns
@@ -87,15 +88,17 @@ class RankRunner:
         self.recorder = RankRecorder(self.rank, w.blocks)
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else None
         self._loop = loop
+        self._script: ScriptRank | None = None
         self._start_ns = socket.clock.now_ns
         self._steps: Generator[StepInfo, None, RankResult | None] | None = None
         self._step = StepInfo(0, 0, 0.0)
         self._result: dict[str, Any] | None = None
         self._loop_result = b""
         self.account = MemoryAccount(self.memory, f"{job_id}/train/", w.hbm_cap_bytes)
-        # The built-in loop accounts its own arrays; the others hold the plan.
+        # The built-in loop accounts its own arrays; the others hold the plan (a script
+        # holds nothing yet: its tensors are not accounted).
         self._accounted = w.functional and not loop
-        if not self._accounted:
+        if not self._accounted and not w.script:
             self.account.place(
                 {
                     part: (Tier.HBM, nbytes)
@@ -128,6 +131,10 @@ class RankRunner:
         """Up to `steps` more steps (0: to the end), or the client's loop; their losses."""
         losses: list[float] = []
         if self._result is not None:
+            return losses
+        if self.w.script:
+            self._run_script()
+            self._result = {"rank": self.rank, "device": self.socket.name}
             return losses
         if self._loop:
             self._loop_result = run_user_loop(
@@ -241,5 +248,20 @@ class RankRunner:
         b.settle()
         return None
 
+    def _run_script(self) -> None:
+        """The job's script, once, as this rank; its collectives' time is the rank's
+        all-reduce time, none of it hidden (they run when issued)."""
+        if self.checkpoint_dir is None:
+            raise InvalidRequest(
+                "a script job needs a job directory: start the orchestrator with a "
+                "checkpoint directory (its ranks share a working folder there)"
+            )
+        self._script = ScriptRank(self.socket, self.job_id, self.group, self.rank, self.w)
+        stats = self._script.run(self.checkpoint_dir)
+        b = self.backend
+        b.all_reduce_ns = b.exposed_ns = stats.ns.get("all_reduce", 0)
+
     def close(self) -> None:
+        if self._script is not None:
+            self._script.close()
         self.account.close()

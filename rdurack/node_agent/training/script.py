@@ -1,0 +1,206 @@
+"""A torchrun-style script as one rank of a job, in its socket's actor process: run as
+`__main__` with the environment torchrun gives a rank, over the "rdu" process group
+(process_group.py).
+
+What the rank gets, as from torchrun:
+- `RANK`, `WORLD_SIZE`, `LOCAL_RANK` (its place among the job's sockets on its node),
+  `LOCAL_WORLD_SIZE`, `MASTER_ADDR`/`MASTER_PORT`; `sys.argv` = [file name, *args];
+- rendezvous as torchrun's agent does it: rank 0's process hosts a TCPStore on a free
+  port for the job's life and `TORCHELASTIC_USE_AGENT_STORE=True` makes every rank's
+  `init_process_group` connect to it; its address travels over the links, on a scratch
+  engine (bookkeeping the hardware does not do: no emulated time);
+- the job's working folder as its current directory, shared by all ranks (a checkpoint
+  rank 0 saves by a relative path is there for the others), and its stdout and stderr
+  in its log (workloads/training/script_files.py).
+
+Process-wide state (cwd, environment, argv, `__main__`, stdout) is the rank's for the
+call: a socket actor runs one call at a time. It is restored afterwards, and a process
+group the script left open is destroyed, so the next job in this process starts clean.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import linecache
+import os
+import socket
+import sys
+import traceback
+import types
+from collections.abc import Iterator, Mapping, Sequence
+from datetime import timedelta
+from pathlib import Path
+from typing import TextIO
+
+import numpy as np
+import torch.distributed as dist
+from torch._C._distributed_c10d import TCPStore
+
+from rdurack.errors import RdurackError
+from rdurack.node_agent.training.host import RankHost
+from rdurack.node_agent.training.process_group import CollectiveStats, RankLinks, register
+from rdurack.rack.clock import EmulatedClock
+from rdurack.rack.topology import SocketId
+from rdurack.workloads.training.job import TrainingWorkload
+from rdurack.workloads.training.script_files import log_path, work_dir
+
+ADDRESS_BYTES = 256  # room for "host:port" in the rendezvous broadcast
+TRACEBACK_LINES = 12  # of a failed rank's traceback, in the job's error (all: its log)
+
+
+class ScriptFailed(RdurackError):
+    """A rank's script raised or exited with a non-zero code."""
+
+    def __init__(self, rank: int, device: str, detail: str) -> None:
+        self.args_ = (rank, device, detail)
+        super().__init__(f"rank {rank} ({device}) failed: {detail}")
+
+    def __reduce__(self) -> tuple[type, tuple[int, str, str]]:
+        return (type(self), self.args_)
+
+
+class Rendezvous:
+    """Where a job's ranks meet for `init_process_group`: rank 0 hosts the store."""
+
+    def __init__(self, links: RankLinks, rank: int, host: str, wall_timeout_s: float) -> None:
+        self.store: TCPStore | None = None
+        address = np.zeros(ADDRESS_BYTES, dtype=np.uint8)
+        if rank == 0:
+            # Listening on the links' host only (TCPStore alone listens on every
+            # interface): a socket of our own, handed over by its descriptor (the store
+            # closes it).
+            listener = socket.create_server((host, 0))
+            port = listener.getsockname()[1]
+            self.store = TCPStore(
+                host, port, len(links.sockets), is_master=True,
+                timeout=timedelta(seconds=wall_timeout_s), wait_for_workers=False,
+                master_listen_fd=listener.detach(),
+            )  # fmt: skip
+            raw = f"{host}:{port}".encode()
+            address[: len(raw)] = np.frombuffer(raw, dtype=np.uint8)
+        if len(links.sockets) > 1:
+            members = [SocketId.parse(s) for s in links.sockets]
+            engine = links.engine.scratch()
+            plan = engine.plan("broadcast", members, address, root=links.sockets[0])
+            tag = f"{links.job_id}/script/rendezvous"
+            engine.run(tag, plan, EmulatedClock(links.clock.now_ns), wall_timeout_s, address)
+        self.host, port = bytes(address).rstrip(b"\0").decode().rsplit(":", 1)
+        self.port = int(port)
+
+    def close(self) -> None:
+        self.store = None  # the server stops (and closes its socket) with its last reference
+
+
+def rank_environment(sockets: Sequence[str], rank: int, rendezvous: Rendezvous) -> dict[str, str]:
+    """What torchrun sets for rank `rank` of a job on `sockets` (by rank)."""
+    me = SocketId.parse(sockets[rank])
+    local = [s for s in sockets if SocketId.parse(s).node == me.node]
+    return {
+        "RANK": str(rank),
+        "WORLD_SIZE": str(len(sockets)),
+        "LOCAL_RANK": str(local.index(sockets[rank])),
+        "LOCAL_WORLD_SIZE": str(len(local)),
+        "GROUP_RANK": str(me.node),
+        "MASTER_ADDR": rendezvous.host,
+        "MASTER_PORT": str(rendezvous.port),
+        "TORCHELASTIC_USE_AGENT_STORE": "True",
+    }
+
+
+def run_script(
+    source: bytes,
+    name: str,
+    args: Sequence[str],
+    links: RankLinks,
+    rank: int,
+    job_dir: Path,
+    rendezvous: Rendezvous,
+) -> None:
+    """Run the script `source` (file name `name`, argv `args`) as rank `rank`; its
+    output goes to its log under `job_dir`. Raises ScriptFailed if it fails."""
+    me = links.sockets[rank]
+    cwd = work_dir(job_dir)
+    cwd.mkdir(parents=True, exist_ok=True)
+    log = log_path(job_dir, rank)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    path = str(cwd / name)  # what tracebacks and __file__ show
+    text = source.decode()
+    # Tracebacks show the script's lines, though the file is not on this host's disk.
+    linecache.cache[path] = (len(text), None, text.splitlines(keepends=True), path)
+    code = compile(text, path, "exec")
+    main = types.ModuleType("__main__")
+    main.__file__ = path
+    register(links)
+    env = rank_environment(links.sockets, rank, rendezvous)
+    with (
+        log.open("a", buffering=1) as out,
+        _process_state(cwd, env, [name, *args], main, out),
+    ):
+        try:
+            exec(code, main.__dict__)
+        except SystemExit as e:
+            if e.code not in (None, 0):
+                raise ScriptFailed(rank, me, f"{name} exited with code {e.code}") from None
+        except BaseException as e:  # the script's own errors: the job's error names them
+            traceback.print_exc(file=out)
+            tail = traceback.format_exception(e)[-TRACEBACK_LINES:]
+            raise ScriptFailed(rank, me, "".join(tail).strip()) from None
+        finally:
+            if dist.is_initialized():
+                dist.destroy_process_group()
+            linecache.cache.pop(path, None)
+
+
+@contextlib.contextmanager
+def _process_state(
+    cwd: Path,
+    env: Mapping[str, str],
+    argv: list[str],
+    main: types.ModuleType,
+    out: TextIO,
+) -> Iterator[None]:
+    """The process as the rank's script sees it, restored afterwards."""
+    saved_cwd, saved_argv, saved_main = os.getcwd(), sys.argv, sys.modules["__main__"]
+    saved_env = {k: os.environ.get(k) for k in env}
+    saved_out, saved_err = sys.stdout, sys.stderr
+    os.chdir(cwd)
+    os.environ.update(env)
+    sys.argv, sys.modules["__main__"] = argv, main
+    sys.stdout = sys.stderr = out
+    try:
+        yield
+    finally:
+        sys.stdout, sys.stderr = saved_out, saved_err
+        sys.argv, sys.modules["__main__"] = saved_argv, saved_main
+        for k, v in saved_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        os.chdir(saved_cwd)
+
+
+class ScriptRank:
+    """Rank `rank` of a script job on `host` (a socket): the rendezvous when it starts,
+    then the script, once."""
+
+    def __init__(
+        self, host: RankHost, job_id: str, group: Sequence[str], rank: int, w: TrainingWorkload
+    ) -> None:
+        self.links = RankLinks(host.engine, host.clock, job_id, list(group))
+        self.rank = rank
+        self.w = w
+        listen = host.address().rsplit(":", 1)[0].strip("[]")  # the links' host
+        self.rendezvous = Rendezvous(self.links, rank, listen, w.wall_timeout_s)
+
+    def run(self, job_dir: Path) -> CollectiveStats:
+        """Run the script; what its collectives took."""
+        w = self.w
+        run_script(
+            w.script, w.script_name, w.script_args, self.links, self.rank, job_dir,
+            self.rendezvous,
+        )  # fmt: skip
+        return self.links.stats
+
+    def close(self) -> None:
+        self.rendezvous.close()
