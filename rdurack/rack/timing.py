@@ -115,6 +115,11 @@ class Timer:
     def roofline_s(self, flops: float, hbm_bytes: float) -> float:
         return max(flops / self._flops_per_s, hbm_bytes / self._hbm_per_s)
 
+    def unfused_s(self, flops: float, hbm_bytes: float) -> float:
+        """One operator as its own kernel: a software-orchestrated launch and its
+        roofline."""
+        return self._launch_so + self.roofline_s(flops, hbm_bytes)
+
     def all_reduce(self, nbytes: float) -> Cost:
         return self._collectives.all_reduce(self.topology, self.group, nbytes)
 
@@ -135,7 +140,7 @@ class Timer:
         if op.kind is OpKind.ALL_REDUCE:
             return self._launch_so + self.all_reduce(op.reduce_bytes).total_s
         copy = op.ddr_bytes / self._ddr_per_s  # before it runs: it needs those weights
-        return self._launch_so + copy + self.roofline_s(op.flops, op.hbm_bytes)
+        return copy + self.unfused_s(op.flops, op.hbm_bytes)
 
     def _fused_parts(self, block: Block) -> tuple[float, float, float, float]:
         """(compute s, memory s, collective latency s, collective bandwidth s)."""

@@ -23,7 +23,8 @@ part (twice a ring reduce-scatter's traffic), all_to_all is n-1 rounds of pairwi
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -35,7 +36,7 @@ from torch._C._distributed_c10d import Work
 
 from rdurack.errors import InvalidRequest
 from rdurack.node_agent.collective_engine import CollectiveEngine
-from rdurack.rack.clock import EmulatedClock
+from rdurack.node_agent.training.script_time import Streams
 from rdurack.rack.topology import SocketId
 
 NAME = "rdu"  # init_process_group(backend="rdu"): the rack's links; torch's "nccl" here
@@ -65,11 +66,12 @@ class CollectiveStats:
 
 @dataclass
 class RankLinks:
-    """What a rank's process groups run on: its socket's collective engine and clock,
-    the job's sockets by global rank, and where the groups' counts go."""
+    """What a rank's process groups run on: its socket's collective engine and streams
+    (script_time.py), the job's sockets by global rank, and where the groups' counts
+    go."""
 
     engine: CollectiveEngine
-    clock: EmulatedClock
+    streams: Streams
     job_id: str
     sockets: list[str]  # socket ids, by global rank
     stats: CollectiveStats = field(default_factory=CollectiveStats)
@@ -94,6 +96,17 @@ class Done(Work):
 
     def get_future(self) -> torch.futures.Future[list[torch.Tensor]]:
         return self._future
+
+
+def _uncounted(method: Callable[..., Work]) -> Callable[..., Work]:
+    """A group's method: the tensor copies it makes are not the script's compute."""
+
+    @functools.wraps(method)
+    def run(self: RduProcessGroup, *args: Any, **kwargs: Any) -> Work:
+        with self.links.streams.paused():
+            return method(self, *args, **kwargs)
+
+    return run
 
 
 class RduProcessGroup(dist.ProcessGroup):
@@ -145,9 +158,10 @@ class RduProcessGroup(dist.ProcessGroup):
         sequence = f"{links.job_id}/pg/{self.group_name_}/{place}:"
         src = None if root is None else str(members[root])
         plan = links.engine.plan(op, members, array, root=src, reduce_op=reduce_op)
-        start = links.clock.now_ns
-        out = links.engine.run(sequence + what, plan, links.clock, self.timeout_s, array, sequence)
-        links.stats.add(op, links.clock.now_ns - start, plan.nbytes)
+        with links.streams.collective(op) as clock:
+            start = clock.now_ns
+            out = links.engine.run(sequence + what, plan, clock, self.timeout_s, array, sequence)
+            links.stats.add(op, clock.now_ns - start, plan.nbytes)
         return out.buffer
 
     def _reduce_op(self, opts: Any) -> str:
@@ -176,23 +190,27 @@ class RduProcessGroup(dist.ProcessGroup):
 
     # ------------------------------------------------------------ torch's API
 
-    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:  # type: ignore[override]
+    @_uncounted
+    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
         op = self._reduce_op(opts) if opts is not None else "sum"
         for t in tensors:
             self._all_reduce(t, op)
         return Done(tensors)
 
+    @_uncounted
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
         return self.allreduce(tensors, opts)
 
-    def broadcast(self, tensors: list[torch.Tensor], opts: Any) -> Work:  # type: ignore[override]
+    @_uncounted
+    def broadcast(self, tensors: list[torch.Tensor], opts: Any) -> Work:
         for t in tensors:
             if self.size() > 1:
                 with _numpy(t) as a:
                     self._run("broadcast", a, what=f"broadcast{_sig(a)}", root=opts.rootRank)
         return Done(tensors)
 
-    def allgather(  # type: ignore[override]
+    @_uncounted
+    def allgather(
         self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None
     ) -> Work:
         for out, t in zip(outputs, inputs, strict=True):
@@ -202,6 +220,7 @@ class RduProcessGroup(dist.ProcessGroup):
                 o.copy_(_tensor(part, t))
         return Done([o for out in outputs for o in out])
 
+    @_uncounted
     def _allgather_base(self, output: torch.Tensor, t: torch.Tensor, opts: Any = None) -> Work:
         if output.numel() != t.numel() * self.size():
             raise InvalidRequest(
@@ -211,7 +230,8 @@ class RduProcessGroup(dist.ProcessGroup):
         output.copy_(_tensor(self._gather(t), t).reshape(output.shape))
         return Done([output])
 
-    def reduce_scatter(  # type: ignore[override]
+    @_uncounted
+    def reduce_scatter(
         self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any = None
     ) -> Work:
         op = self._reduce_op(opts) if opts is not None else "sum"
@@ -222,6 +242,7 @@ class RduProcessGroup(dist.ProcessGroup):
             out.copy_(whole[self.rank()])
         return Done(outputs)
 
+    @_uncounted
     def _reduce_scatter_base(self, output: torch.Tensor, t: torch.Tensor, opts: Any = None) -> Work:
         if t.numel() != output.numel() * self.size():
             raise InvalidRequest(
@@ -233,11 +254,13 @@ class RduProcessGroup(dist.ProcessGroup):
         output.copy_(whole[self.rank()].reshape(output.shape))
         return Done([output])
 
+    @_uncounted
     def barrier(self, opts: Any = None) -> Work:
         if self.size() > 1:
             self._run("barrier", None, what="barrier")
         return Done([])
 
+    @_uncounted
     def alltoall(
         self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
     ) -> Work:
@@ -257,6 +280,7 @@ class RduProcessGroup(dist.ProcessGroup):
                               place=f"{self._seq}.{src}>{dst}")  # fmt: skip
         return Done(outputs)
 
+    @_uncounted
     def alltoall_base(
         self,
         output: torch.Tensor,

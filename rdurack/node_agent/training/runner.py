@@ -133,8 +133,7 @@ class RankRunner:
         if self._result is not None:
             return losses
         if self.w.script:
-            self._run_script()
-            self._result = {"rank": self.rank, "device": self.socket.name}
+            self._result = self._run_script()
             return losses
         if self._loop:
             self._loop_result = run_user_loop(
@@ -248,18 +247,35 @@ class RankRunner:
         b.settle()
         return None
 
-    def _run_script(self) -> None:
-        """The job's script, once, as this rank; its collectives' time is the rank's
-        all-reduce time, none of it hidden (they run when issued)."""
+    def _run_script(self) -> dict[str, Any]:
+        """The job's script, once, as this rank; its figures per optimizer step."""
         if self.checkpoint_dir is None:
             raise InvalidRequest(
                 "a script job needs a job directory: start the orchestrator with a "
                 "checkpoint directory (its ranks share a working folder there)"
             )
-        self._script = ScriptRank(self.socket, self.job_id, self.group, self.rank, self.w)
-        stats = self._script.run(self.checkpoint_dir)
+        self._script = ScriptRank(
+            self.socket, self.job_id, self.group, self.rank, self.w, self.platform
+        )
+        streams = self._script.run(self.checkpoint_dir)
         b = self.backend
-        b.all_reduce_ns = b.exposed_ns = stats.ns.get("all_reduce", 0)
+        b.all_reduce_ns, b.exposed_ns = streams.all_reduce_ns, streams.exposed_ns
+        b.compute_s = streams.compute_ns * 1e-9
+        steps = max(streams.steps, 1)
+        self._step = StepInfo(streams.steps, streams.steps, float("nan"))
+        return {
+            "rank": self.rank,
+            "device": self.socket.name,
+            "script": {
+                "steps": streams.steps,
+                "step_time_s": streams.step_s(),
+                "compute_s": streams.compute_ns * 1e-9 / steps,
+                "allreduce_s": streams.all_reduce_ns * 1e-9 / steps,
+                "exposed_allreduce_s": streams.exposed_ns * 1e-9 / steps,
+                "flops": streams.flops,
+                "operators": streams.operators,
+            },
+        }
 
     def close(self) -> None:
         if self._script is not None:

@@ -38,8 +38,11 @@ from torch._C._distributed_c10d import TCPStore
 
 from rdurack.errors import RdurackError
 from rdurack.node_agent.training.host import RankHost
-from rdurack.node_agent.training.process_group import CollectiveStats, RankLinks, register
+from rdurack.node_agent.training.process_group import RankLinks, register
+from rdurack.node_agent.training.script_time import Pricing, Streams
 from rdurack.rack.clock import EmulatedClock
+from rdurack.rack.spec import PlatformSpec
+from rdurack.rack.timing import Timer
 from rdurack.rack.topology import SocketId
 from rdurack.workloads.training.job import TrainingWorkload
 from rdurack.workloads.training.script_files import log_path, work_dir
@@ -83,7 +86,9 @@ class Rendezvous:
             engine = links.engine.scratch()
             plan = engine.plan("broadcast", members, address, root=links.sockets[0])
             tag = f"{links.job_id}/script/rendezvous"
-            engine.run(tag, plan, EmulatedClock(links.clock.now_ns), wall_timeout_s, address)
+            engine.run(
+                tag, plan, EmulatedClock(links.streams.clock.now_ns), wall_timeout_s, address
+            )
         self.host, port = bytes(address).rstrip(b"\0").decode().rsplit(":", 1)
         self.port = int(port)
 
@@ -137,7 +142,8 @@ def run_script(
         _process_state(cwd, env, [name, *args], main, out),
     ):
         try:
-            exec(code, main.__dict__)
+            with Pricing(links.streams):
+                exec(code, main.__dict__)
         except SystemExit as e:
             if e.code not in (None, 0):
                 raise ScriptFailed(rank, me, f"{name} exited with code {e.code}") from None
@@ -185,22 +191,31 @@ class ScriptRank:
     then the script, once."""
 
     def __init__(
-        self, host: RankHost, job_id: str, group: Sequence[str], rank: int, w: TrainingWorkload
+        self,
+        host: RankHost,
+        job_id: str,
+        group: Sequence[str],
+        rank: int,
+        w: TrainingWorkload,
+        platform: PlatformSpec,
     ) -> None:
-        self.links = RankLinks(host.engine, host.clock, job_id, list(group))
+        """`platform`: whose socket prices the script's operators (the job's)."""
+        timer = Timer(platform, [SocketId.parse(host.name)])
+        streams = Streams(host.clock, timer.unfused_s, lambda: host.slowdown)
+        self.links = RankLinks(host.engine, streams, job_id, list(group))
         self.rank = rank
         self.w = w
         listen = host.address().rsplit(":", 1)[0].strip("[]")  # the links' host
         self.rendezvous = Rendezvous(self.links, rank, listen, w.wall_timeout_s)
 
-    def run(self, job_dir: Path) -> CollectiveStats:
-        """Run the script; what its collectives took."""
+    def run(self, job_dir: Path) -> Streams:
+        """Run the script; what its operators and collectives took."""
         w = self.w
         run_script(
             w.script, w.script_name, w.script_args, self.links, self.rank, job_dir,
             self.rendezvous,
         )  # fmt: skip
-        return self.links.stats
+        return self.links.streams
 
     def close(self) -> None:
         self.rendezvous.close()

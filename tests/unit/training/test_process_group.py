@@ -16,6 +16,7 @@ from rdurack.errors import LinkFailure
 from rdurack.node_agent.collective_engine import CollectiveMismatch
 from rdurack.node_agent.socket import Socket
 from rdurack.node_agent.training.process_group import RankLinks, RduProcessGroup
+from rdurack.node_agent.training.script_time import Streams
 from rdurack.rack.presets import platform
 
 T = TypeVar("T")
@@ -43,7 +44,11 @@ def groups(sockets: list[Socket], timeout_s: float = 10.0) -> list[RduProcessGro
     name = f"g{next(_names)}"
     return [
         RduProcessGroup(
-            RankLinks(s.engine, s.clock, JOB, GROUP), range(len(GROUP)), r, name, timeout_s
+            RankLinks(s.engine, Streams(s.clock, lambda flops, nbytes: 0.0), JOB, GROUP),
+            range(len(GROUP)),
+            r,
+            name,
+            timeout_s,
         )
         for r, s in enumerate(sockets)
     ]

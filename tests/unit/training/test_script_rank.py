@@ -77,7 +77,7 @@ def test_the_example_trains_like_one_process_on_the_full_batch(
     opt = torch.optim.SGD(net.parameters(), lr=0.1)
     for _ in range(4):
         opt.zero_grad()
-        torch.nn.functional.mse_loss(net(x), y).backward()
+        torch.nn.functional.mse_loss(net(x), y).backward()  # type: ignore[no-untyped-call]
         opt.step()
     for name, p in net.state_dict().items():
         rel = (final[name] - p).norm() / p.norm()

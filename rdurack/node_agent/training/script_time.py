@@ -1,0 +1,189 @@
+"""A script rank's emulated time: what its tensors' operations and collectives take on
+the socket, as torch on the hardware would spend it.
+
+Compute: every aten operator the script runs (forward, backward, optimizer) is priced
+when it runs as one unfused kernel of the socket's timing model (rack/timing.py):
+launch + max(FLOPs / compute rate, bytes / HBM rate). FLOPs are what torch's
+`FlopCounterMode` counts (matmul-class operators: mm, addmm, bmm, convolutions,
+attention); bytes are the operator's tensor inputs and outputs, each read or written
+once from HBM (an unfused kernel keeps nothing on chip). Views (transpose, reshape,
+detach) move nothing and launch nothing. Dataflow fusion of a script's operators is not
+modelled: a script runs unfused.
+
+Streams, as torch DDP on a GPU: a gradient all-reduce issued during backward (DDP's
+bucket hooks) runs on a communication stream from when it is issued (or when the
+previous one ends), beside backward's compute; the compute stream waits for it at the
+first operator after backward (DDP's reducer waits for its buckets there) or at the
+next optimizer step or collective, and that wait is the all-reduce backward did not
+hide. Other collectives run on the compute stream.
+
+Steps are the optimizer's steps (a global post-step hook counts them).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch.optim.optimizer import (
+    register_optimizer_step_post_hook,
+    register_optimizer_step_pre_hook,
+)
+from torch.utils.flop_counter import FlopCounterMode
+from torch.utils.hooks import RemovableHandle
+
+from rdurack.rack.clock import EmulatedClock
+
+
+def in_backward() -> bool:
+    """Whether the calling thread runs an autograd backward now."""
+    return bool(torch._C._current_graph_task_id() != -1)
+
+
+class Streams:
+    """A rank's compute stream (the socket's `clock`) and communication stream."""
+
+    def __init__(
+        self,
+        clock: EmulatedClock,
+        price_s: Callable[[float, float], float],
+        slowdown: Callable[[], float] = lambda: 1.0,
+    ) -> None:
+        """`price_s(flops, bytes)`: an unfused operator's seconds; `slowdown`: how many
+        times longer the socket's compute takes now (a fault; read at each operator)."""
+        self.clock = clock
+        self._price_s = price_s
+        self._slowdown = slowdown
+        self.comm_free_ns = clock.now_ns  # when the communication stream is free
+        self.compute_ns = 0  # operators' time on the compute stream
+        self.all_reduce_ns = 0  # all-reduce time, both streams
+        self.exposed_ns = 0  # ... the part the compute stream waited for
+        self.flops = 0.0
+        self.operators = 0
+        self.step_ends_ns: list[int] = []  # compute stream at each optimizer step's end
+        self._paused = 0  # inside a collective: its tensor copies are not compute
+
+    def operator(self, flops: float, nbytes: float) -> None:
+        """One operator ran: its time on the compute stream."""
+        if self._paused:
+            return
+        if not in_backward():
+            self.settle()
+        began = self.clock.now_ns
+        self.clock.advance(self._price_s(flops, nbytes) * self._slowdown())
+        self.compute_ns += self.clock.now_ns - began
+        self.flops += flops
+        self.operators += 1
+
+    def settle(self) -> None:
+        """The compute stream waits for the communication stream."""
+        now = self.clock.now_ns
+        if self.comm_free_ns > now:
+            self.exposed_ns += self.comm_free_ns - now
+            self.clock.advance_to(self.comm_free_ns)
+
+    @contextlib.contextmanager
+    def collective(self, op: str) -> Iterator[EmulatedClock]:
+        """The clock a collective `op` runs on: a gradient all-reduce issued in backward
+        on the communication stream, the rest on the compute stream after it."""
+        self._paused += 1
+        try:
+            if op == "all_reduce" and in_backward():
+                stream = EmulatedClock(max(self.comm_free_ns, self.clock.now_ns))
+                began = stream.now_ns
+                yield stream
+                self.comm_free_ns = stream.now_ns
+                self.all_reduce_ns += stream.now_ns - began
+            else:
+                self.settle()
+                began = self.clock.now_ns
+                yield self.clock
+                if op == "all_reduce":
+                    self.all_reduce_ns += self.clock.now_ns - began
+                    self.exposed_ns += self.clock.now_ns - began
+        finally:
+            self._paused -= 1
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """Operators run here are not the script's compute (a collective's copies)."""
+        self._paused += 1
+        try:
+            yield
+        finally:
+            self._paused -= 1
+
+    def step_ended(self) -> None:
+        self.step_ends_ns.append(self.clock.now_ns)
+
+    @property
+    def steps(self) -> int:
+        return len(self.step_ends_ns)
+
+    def step_s(self) -> float:
+        """Mean emulated seconds between optimizer steps, from the first step's end
+        (warm-up and DDP's initial broadcast excluded); 0 with fewer than two steps."""
+        ends = self.step_ends_ns
+        return (ends[-1] - ends[0]) * 1e-9 / (len(ends) - 1) if len(ends) > 1 else 0.0
+
+
+class Pricing(FlopCounterMode):
+    """torch's FLOP counter, each operator also priced on `streams` as it runs."""
+
+    def __init__(self, streams: Streams) -> None:
+        super().__init__(display=False)
+        self.streams = streams
+        self._hooks: list[RemovableHandle] = []
+
+    def _count_flops(self, func_packet: Any, out: Any, args: Any, kwargs: Any) -> Any:
+        before = self.get_total_flops()
+        result = super()._count_flops(func_packet, out, args, kwargs)  # type: ignore[no-untyped-call]
+        flops = self.get_total_flops() - before
+        if not flops and _is_view(func_packet):
+            return result
+        nbytes = sum(t.nbytes for t in _tensors((args, kwargs))) + sum(
+            t.nbytes for t in _tensors(out)
+        )
+        self.streams.operator(float(flops), float(nbytes))
+        return result
+
+    def __enter__(self) -> Pricing:
+        streams = self.streams
+        self._hooks = [
+            register_optimizer_step_pre_hook(lambda *_: streams.settle()),
+            register_optimizer_step_post_hook(lambda *_: streams.step_ended()),
+        ]
+        super().__enter__()  # type: ignore[no-untyped-call]
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        super().__exit__(*exc)  # type: ignore[no-untyped-call]
+        for h in self._hooks:
+            h.remove()
+        self.streams.settle()
+
+
+def _tensors(tree: Any) -> list[torch.Tensor]:
+    leaves = torch.utils._pytree.tree_leaves(tree)
+    return [t for t in leaves if isinstance(t, torch.Tensor)]
+
+
+def _is_view(packet: Any) -> bool:
+    """Whether an operator returns a view of an input (it moves no data), by its
+    schema: a return aliasing an input without writing it (in-place ops write)."""
+    found = _VIEWS.get(packet)
+    if found is None:
+        overloads = packet.overloads() if hasattr(packet, "overloads") else []
+        schema = getattr(packet, overloads[0])._schema if overloads else None
+        found = schema is not None and any(
+            r.alias_info is not None and not r.alias_info.is_write for r in schema.returns
+        )
+        _VIEWS[packet] = found
+    return found
+
+
+# Operator packets -> whether they return views. A cache of facts about torch's own
+# operators (the same for every job), filled as operators are first seen.
+_VIEWS: dict[Any, bool] = {}
