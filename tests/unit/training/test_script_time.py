@@ -57,7 +57,7 @@ def test_a_gradient_all_reduce_runs_beside_backward_and_the_rest_is_exposed() ->
 
     with Pricing(s):
         h = w * 2.0
-        h.register_hook(all_reduce)  # backward still computes w's gradient after it
+        h.register_hook(all_reduce)  # type: ignore[no-untyped-call]  # backward still computes w's gradient after it
         loss = (h * 3.0).sum()
         loss.backward()  # type: ignore[no-untyped-call]
         before = s.clock.now_ns
