@@ -29,6 +29,7 @@ from rdurack.node_agent.training.backend import LinkBackend
 from rdurack.node_agent.training.host import RankHost
 from rdurack.node_agent.training.recorder import RankRecorder
 from rdurack.node_agent.training.script import ScriptRank
+from rdurack.node_agent.training.script_memory import TensorMemory
 from rdurack.node_agent.training.timed import TimedModel, backward, forward
 from rdurack.node_agent.training.user_loop import run_user_loop
 from rdurack.rack.clock import seconds_to_ns
@@ -97,17 +98,19 @@ class RankRunner:
         self.account = MemoryAccount(self.memory, f"{job_id}/train/", w.hbm_cap_bytes)
         # The built-in loop accounts its own arrays; the others hold the plan (a script
         # holds nothing yet: its tensors are not accounted).
-        self._accounted = w.functional and not loop
-        if not self._accounted and not w.script:
-            self.account.place(
-                {
-                    part: (Tier.HBM, nbytes)
-                    for part, nbytes in self.cost.memory.to_dict().items()
-                    if part != "total" and nbytes
-                }
-            )
+        self._accounted = w.functional and not loop and not w.script
+        if not self._accounted:
+            if not w.script:
+                self.account.place(
+                    {
+                        part: (Tier.HBM, nbytes)
+                        for part, nbytes in self.cost.memory.to_dict().items()
+                        if part != "total" and nbytes
+                    }
+                )
             self.account.begin_stage()
             self.account.mark()
+        self._memory: dict[str, Any] = self.cost.memory.to_dict()  # a script's: measured
 
     def advance(
         self, steps: int, hardware: HardwareTrace, parent: Context, start_ns: int | None = None
@@ -173,7 +176,7 @@ class RankRunner:
             compute_ns=seconds_to_ns(b.compute_s),
             all_reduce_ns=b.all_reduce_ns,
             exposed_ns=b.exposed_ns,
-            memory=self.cost.memory.to_dict(),
+            memory=self._memory,
             hbm_peak_bytes=self.account.peaks[Tier.HBM.value],
             result=outcome,
             loop_result=self._loop_result,
@@ -257,7 +260,11 @@ class RankRunner:
         self._script = ScriptRank(
             self.socket, self.job_id, self.group, self.rank, self.w, self.platform
         )
-        streams = self._script.run(self.checkpoint_dir)
+        memory = TensorMemory(self.account)
+        try:
+            streams = self._script.run(self.checkpoint_dir, memory)
+        finally:
+            self._memory = memory.breakdown()
         b = self.backend
         b.all_reduce_ns, b.exposed_ns = streams.all_reduce_ns, streams.exposed_ns
         b.compute_s = streams.compute_ns * 1e-9

@@ -39,6 +39,7 @@ from torch._C._distributed_c10d import TCPStore
 from rdurack.errors import RdurackError
 from rdurack.node_agent.training.host import RankHost
 from rdurack.node_agent.training.process_group import RankLinks, register
+from rdurack.node_agent.training.script_memory import TensorMemory
 from rdurack.node_agent.training.script_time import Pricing, Streams
 from rdurack.rack.clock import EmulatedClock
 from rdurack.rack.spec import PlatformSpec
@@ -120,9 +121,11 @@ def run_script(
     rank: int,
     job_dir: Path,
     rendezvous: Rendezvous,
+    memory: TensorMemory | None = None,
 ) -> None:
-    """Run the script `source` (file name `name`, argv `args`) as rank `rank`; its
-    output goes to its log under `job_dir`. Raises ScriptFailed if it fails."""
+    """Run the script `source` (file name `name`, argv `args`) as rank `rank`, its
+    tensors held on `memory`; its output goes to its log under `job_dir`. Raises
+    ScriptFailed if it fails."""
     me = links.sockets[rank]
     cwd = work_dir(job_dir)
     cwd.mkdir(parents=True, exist_ok=True)
@@ -142,7 +145,7 @@ def run_script(
         _process_state(cwd, env, [name, *args], main, out),
     ):
         try:
-            with Pricing(links.streams):
+            with Pricing(links.streams, memory):
                 exec(code, main.__dict__)
         except SystemExit as e:
             if e.code not in (None, 0):
@@ -208,12 +211,13 @@ class ScriptRank:
         listen = host.address().rsplit(":", 1)[0].strip("[]")  # the links' host
         self.rendezvous = Rendezvous(self.links, rank, listen, w.wall_timeout_s)
 
-    def run(self, job_dir: Path) -> Streams:
-        """Run the script; what its operators and collectives took."""
+    def run(self, job_dir: Path, memory: TensorMemory) -> Streams:
+        """Run the script, its tensors held on `memory`; what its operators and
+        collectives took."""
         w = self.w
         run_script(
             w.script, w.script_name, w.script_args, self.links, self.rank, job_dir,
-            self.rendezvous,
+            self.rendezvous, memory,
         )  # fmt: skip
         return self.links.streams
 

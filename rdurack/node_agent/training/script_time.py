@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+from torch.nn.modules.module import register_module_forward_pre_hook
 from torch.optim.optimizer import (
     register_optimizer_step_post_hook,
     register_optimizer_step_pre_hook,
@@ -34,6 +35,7 @@ from torch.optim.optimizer import (
 from torch.utils.flop_counter import FlopCounterMode
 from torch.utils.hooks import RemovableHandle
 
+from rdurack.node_agent.training.script_memory import TensorMemory
 from rdurack.rack.clock import EmulatedClock
 
 
@@ -106,6 +108,11 @@ class Streams:
         finally:
             self._paused -= 1
 
+    @property
+    def busy(self) -> bool:
+        """Inside a collective (its operators are not the script's)."""
+        return self._paused > 0
+
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
         """Operators run here are not the script's compute (a collective's copies)."""
@@ -130,17 +137,29 @@ class Streams:
 
 
 class Pricing(FlopCounterMode):
-    """torch's FLOP counter, each operator also priced on `streams` as it runs."""
+    """torch's FLOP counter, each operator also priced on `streams` as it runs; and,
+    given `memory`, the tensors it holds (script_memory.py) told when backward begins
+    and ends, what autograd saves, and when an optimizer steps."""
 
-    def __init__(self, streams: Streams) -> None:
+    def __init__(self, streams: Streams, memory: TensorMemory | None = None) -> None:
         super().__init__(display=False)
         self.streams = streams
+        self.memory = memory
         self._hooks: list[RemovableHandle] = []
+        self._saving: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
+        self._backward = False
 
     def _count_flops(self, func_packet: Any, out: Any, args: Any, kwargs: Any) -> Any:
         before = self.get_total_flops()
         result = super()._count_flops(func_packet, out, args, kwargs)  # type: ignore[no-untyped-call]
         flops = self.get_total_flops() - before
+        backward = in_backward()
+        if backward != self._backward and self.memory is not None and not self.streams.busy:
+            self._backward = backward
+            if backward:
+                self.memory.forward_ended()
+            else:
+                self.memory.backward_ended()
         if not flops and _is_view(func_packet):
             return result
         nbytes = sum(t.nbytes for t in _tensors((args, kwargs))) + sum(
@@ -150,16 +169,27 @@ class Pricing(FlopCounterMode):
         return result
 
     def __enter__(self) -> Pricing:
-        streams = self.streams
+        streams, memory = self.streams, self.memory
+
+        def stepped(optimizer: torch.optim.Optimizer, *_: Any) -> None:
+            streams.step_ended()
+            if memory is not None:
+                memory.stepped(optimizer)
+
         self._hooks = [
             register_optimizer_step_pre_hook(lambda *_: streams.settle()),
-            register_optimizer_step_post_hook(lambda *_: streams.step_ended()),
+            register_optimizer_step_post_hook(stepped),
         ]
+        if memory is not None:
+            self._saving = torch.autograd.graph.saved_tensors_hooks(memory.pack, lambda t: t)
+            self._hooks.append(register_module_forward_pre_hook(memory.module_runs))
+        self._saving.__enter__()
         super().__enter__()  # type: ignore[no-untyped-call]
         return self
 
     def __exit__(self, *exc: Any) -> None:
         super().__exit__(*exc)  # type: ignore[no-untyped-call]
+        self._saving.__exit__(*exc)
         for h in self._hooks:
             h.remove()
         self.streams.settle()

@@ -1,15 +1,20 @@
-"""A script's operators priced on the emulated clock, and DDP's streams
-(node_agent/training/script_time.py)."""
+"""A script's operators priced on the emulated clock, DDP's streams, and the memory its
+tensors hold (node_agent/training/script_time.py, script_memory.py)."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
+from rdurack.errors import OutOfMemory
+from rdurack.node_agent.training.script_memory import TensorMemory
 from rdurack.node_agent.training.script_time import Pricing, Streams
 from rdurack.rack.clock import EmulatedClock
+from rdurack.rack.memory import TieredMemory
 from rdurack.rack.presets import platform
 from rdurack.rack.timing import Timer
 from rdurack.rack.topology import SocketId
+from rdurack.workloads.training.memory import MemoryAccount
 
 OP_NS = 100  # every operator takes 100 ns in these tests (the clock may round up 1 ns)
 
@@ -81,3 +86,38 @@ def test_optimizer_steps_are_counted_and_timed() -> None:
     # Outside a job, no hook is left behind.
     opt.step()
     assert s.steps == 3
+
+
+def account(cap: int = 0) -> MemoryAccount:
+    rack = platform("sn40l-rack16")
+    return MemoryAccount(TieredMemory("rdu-n0-s0", rack.socket), "job/train/", cap)
+
+
+def test_memory_is_measured_from_the_tensors_the_step_holds() -> None:
+    s, mem = streams(), TensorMemory(account())
+    net = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
+    net[0].requires_grad_(False)  # frozen: not a weight the step trains
+    opt = torch.optim.Adam([p for p in net.parameters() if p.requires_grad])
+    with Pricing(s, mem):
+        for _ in range(2):
+            opt.zero_grad()
+            net(torch.ones(16, 32)).sum().backward()
+            opt.step()
+    trained = 4 * (64 * 8 + 8)  # the last layer's weight and bias, float32
+    parts = mem.breakdown()
+    assert parts["weights"] == trained + 4 * (32 * 64 + 64)  # the frozen layer's too
+    assert parts["gradients"] == trained
+    # Adam: two moments per weight, and a step counter per tensor.
+    assert 2 * trained <= parts["optimizer"] <= 2 * trained + 2 * 8
+    # Saved for backward: the ReLU's output (16 x 64), what the last Linear reads.
+    assert parts["activations"] == 4 * 16 * 64
+    assert parts["total"] == sum(
+        parts[p] for p in ("weights", "gradients", "optimizer", "activations")
+    )
+
+
+def test_a_step_that_outgrows_the_jobs_cap_fails_with_out_of_memory() -> None:
+    s, mem = streams(), TensorMemory(account(cap=1000))
+    net = torch.nn.Linear(1000, 1)  # 4,004 bytes of weights
+    with pytest.raises(OutOfMemory, match="cap of 1,000 bytes"), Pricing(s, mem):
+        net(torch.ones(1, 1000)).sum().backward()
