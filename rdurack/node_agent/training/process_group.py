@@ -36,7 +36,8 @@ from torch._C._distributed_c10d import Work
 
 from rdurack.errors import InvalidRequest
 from rdurack.node_agent.collective_engine import CollectiveEngine
-from rdurack.node_agent.training.script_time import Streams
+from rdurack.node_agent.training.script_checks import Checks
+from rdurack.node_agent.training.script_time import Streams, in_backward
 from rdurack.rack.topology import SocketId
 
 NAME = "rdu"  # init_process_group(backend="rdu"): the rack's links; torch's "nccl" here
@@ -74,6 +75,7 @@ class RankLinks:
     streams: Streams
     job_id: str
     sockets: list[str]  # socket ids, by global rank
+    checks: Checks | None = None  # the article's mistakes, looked for
     stats: CollectiveStats = field(default_factory=CollectiveStats)
 
 
@@ -177,6 +179,9 @@ class RduProcessGroup(dist.ProcessGroup):
         if self.size() == 1:
             return
         with _numpy(t) as a:
+            checks = self.links.checks
+            if checks is not None and in_backward():  # a DDP gradient bucket
+                checks.gradient_bucket(a, self.links.streams.clock, self.timeout_s)
             self._run("all_reduce", a, what=f"all_reduce.{reduce_op}{_sig(a)}", reduce_op=reduce_op)
 
     def _gather(self, t: torch.Tensor) -> np.ndarray:
@@ -304,6 +309,8 @@ def register(links: RankLinks) -> None:
     groups over `links` (the rank this process runs now; a later job re-registers)."""
 
     def create(opts: Any, _backend_opts: Any) -> RduProcessGroup:
+        if not opts.global_ranks_in_group and links.checks is not None:  # the default group
+            links.checks.group_made(opts.group_size, opts.group_rank)
         ranks = list(opts.global_ranks_in_group) or list(range(opts.group_size))
         if len(ranks) != opts.group_size or max(ranks) >= len(links.sockets):
             raise InvalidRequest(

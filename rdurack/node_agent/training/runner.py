@@ -270,10 +270,14 @@ class RankRunner:
         b.compute_s = streams.compute_ns * 1e-9
         steps = max(streams.steps, 1)
         self._step = StepInfo(streams.steps, streams.steps, float("nan"))
+        checks = self._script.links.checks
+        assert checks is not None
         return {
             "rank": self.rank,
             "device": self.socket.name,
+            "diagnostics": checks.diagnostics,
             "script": {
+                "saved": checks.saved,
                 "steps": streams.steps,
                 "step_time_s": streams.step_s(),
                 "compute_s": streams.compute_ns * 1e-9 / steps,

@@ -39,6 +39,7 @@ from torch._C._distributed_c10d import TCPStore
 from rdurack.errors import RdurackError
 from rdurack.node_agent.training.host import RankHost
 from rdurack.node_agent.training.process_group import RankLinks, register
+from rdurack.node_agent.training.script_checks import Checks
 from rdurack.node_agent.training.script_memory import TensorMemory
 from rdurack.node_agent.training.script_time import Pricing, Streams
 from rdurack.rack.clock import EmulatedClock
@@ -145,7 +146,7 @@ def run_script(
         _process_state(cwd, env, [name, *args], main, out),
     ):
         try:
-            with Pricing(links.streams, memory):
+            with Pricing(links.streams, memory), _watching(links.checks):
                 exec(code, main.__dict__)
         except SystemExit as e:
             if e.code not in (None, 0):
@@ -158,6 +159,10 @@ def run_script(
             if dist.is_initialized():
                 dist.destroy_process_group()
             linecache.cache.pop(path, None)
+
+
+def _watching(checks: Checks | None) -> contextlib.AbstractContextManager[None]:
+    return checks.watching() if checks is not None else contextlib.nullcontext()
 
 
 @contextlib.contextmanager
@@ -205,7 +210,8 @@ class ScriptRank:
         """`platform`: whose socket prices the script's operators (the job's)."""
         timer = Timer(platform, [SocketId.parse(host.name)])
         streams = Streams(host.clock, timer.unfused_s, lambda: host.slowdown)
-        self.links = RankLinks(host.engine, streams, job_id, list(group))
+        checks = Checks(host.engine, job_id, list(group), rank, w.wall_timeout_s)
+        self.links = RankLinks(host.engine, streams, job_id, list(group), checks)
         self.rank = rank
         self.w = w
         listen = host.address().rsplit(":", 1)[0].strip("[]")  # the links' host

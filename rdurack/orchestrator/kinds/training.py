@@ -26,6 +26,7 @@ from rdurack.orchestrator.results import (
 )
 from rdurack.rack.spec import PlatformSpec
 from rdurack.telemetry import names
+from rdurack.workloads.training.diagnostics import EVERY_RANK_CHECKPOINTS
 from rdurack.workloads.training.job import (
     NUMPY_MODELS,
     RankReport,
@@ -143,6 +144,10 @@ def training_result(
     per = (lambda ns: ns * 1e-9 / steps) if steps else (lambda ns: 0.0)
     # Steps, from when the last rank began its first (after DDP's initial broadcast).
     step_s = per(end - max(r.steps_began_ns for r in reports))
+    script = [r.result["script"] for r in reports if "script" in r.result]
+    if script:  # a script's own steps: what each rank measured (node_agent/.../runner.py)
+        steps = script[0]["steps"]
+        step_s = max(x["step_time_s"] for x in script)
     diagnostics: list[TrainingDiagnostic] = []
     for r in reports:  # the same finding on many ranks is one diagnostic
         for d in r.result.get("diagnostics", []):
@@ -150,22 +155,29 @@ def training_result(
                 diagnostics.append(
                     TrainingDiagnostic(code=d["code"], message=d["message"], step=d["step"])
                 )
+    if script and (shared := checkpoint_writers(script)):
+        diagnostics.append(shared)
     return TrainingResult(
         emulated_s=emulated_s,
         steps_completed=first.step,
-        samples_per_s=steps * w.global_batch / emulated_s if emulated_s else 0.0,
+        # A script's batch is its own: not known here.
+        samples_per_s=steps * w.global_batch / emulated_s if emulated_s and not script else 0.0,
         # What a step takes beyond a rank's compute: the all-reduce backward did not
         # hide, and any wait for a straggler.
-        exposed_allreduce_s=max(0.0, step_s - per(first.compute_ns)),
+        exposed_allreduce_s=max(x["exposed_allreduce_s"] for x in script)
+        if script
+        else max(0.0, step_s - per(first.compute_ns)),
         step_time_s=step_s,
         peak_hbm_bytes=max(r.hbm_peak_bytes for r in reports),
         diagnostics=tuple(diagnostics),
         losses=tuple(losses),
         memory=TrainingMemory.model_validate(first.memory),
-        compute_s=per(first.compute_ns),
+        compute_s=script[0]["compute_s"] if script else per(first.compute_ns),
         # The rank that waited least: its communication stream's all-reduce time, not
         # counting waits for late peers (the root of the initial broadcast runs ahead).
-        allreduce_s=per(min(r.all_reduce_ns for r in reports)),
+        allreduce_s=min(x["allreduce_s"] for x in script)
+        if script
+        else per(min(r.all_reduce_ns for r in reports)),
         world_size=w.world_size,
         start_step=first.result.get("start_step", 0),
         checkpoints=tuple(c for r in reports for c in r.result.get("checkpoints", [])),
@@ -189,6 +201,28 @@ def training_result(
             for r in reports
         ),
         stages=job_stages(reports),
+    )
+
+
+def checkpoint_writers(script: list[dict[str, Any]]) -> TrainingDiagnostic | None:
+    """The article's "every rank writes checkpoints": a file that more than one rank
+    saved (`script`: each rank's figures, rank order)."""
+    writers: dict[str, list[int]] = {}
+    for rank, figures in enumerate(script):
+        for path in dict.fromkeys(figures.get("saved", [])):
+            writers.setdefault(path, []).append(rank)
+    shared = {p: ranks for p, ranks in writers.items() if len(ranks) > 1}
+    if not shared:
+        return None
+    path, ranks = max(shared.items(), key=lambda kv: len(kv[1]))
+    return TrainingDiagnostic(
+        code=EVERY_RANK_CHECKPOINTS,
+        message=(
+            f"{len(ranks)} ranks saved {Path(path).name}: they write the same file over "
+            "each other (and on the hardware, each its own copy's I/O). Save on rank 0 "
+            "only, then dist.barrier() before the others load it"
+        ),
+        step=0,
     )
 
 

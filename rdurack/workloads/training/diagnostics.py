@@ -14,6 +14,13 @@ from typing import Any
 # Codes, stable for tests and for whoever turns diagnostics into job events.
 REPLICAS_DIFFER = "replicas-differ"
 DUPLICATE_SAMPLES = "duplicate-samples"
+EVERY_RANK_CHECKPOINTS = "every-rank-checkpoints"  # a script's ranks saved one file
+# A script's mistakes that stop it (node_agent/training/script_checks.py): its error
+# starts with the code in brackets.
+WRONG_WORLD_SIZE = "wrong-world-size"
+TWO_PROCESSES_PER_SOCKET = "two-processes-per-socket"
+WRONG_RANK = "wrong-rank"
+STRAGGLER_TIMEOUT = "straggler-timeout"
 
 
 @dataclass(frozen=True, slots=True)
