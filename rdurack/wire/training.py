@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from google.protobuf import json_format
-
 from rdurack.orchestrator.kinds.training import stage_fields
 from rdurack.v1 import job_pb2, node_agent_pb2
 from rdurack.workloads.training.job import RankReport, TrainingWorkload
@@ -71,6 +69,8 @@ def report_to_proto(r: RankReport) -> node_agent_pb2.RankTraining:
         checkpoints=result.get("checkpoints", []),
         loop_result=r.loop_result,
     )
+    if "script" in result:
+        msg.script.CopyFrom(node_agent_pb2.ScriptRank(**result["script"]))
     if result.get("test_accuracy") is not None:
         msg.test_accuracy = result["test_accuracy"]
     if result.get("final_loss") is not None:
@@ -92,6 +92,18 @@ def report_from_proto(m: node_agent_pb2.RankTraining) -> RankReport:
             "final_loss": m.final_loss if m.HasField("final_loss") else None,
             "stages": [stage_from_proto(st) for st in m.stages],
         }
+        if m.HasField("script"):
+            x = m.script
+            result["script"] = {
+                "steps": x.steps,
+                "step_time_s": x.step_time_s,
+                "compute_s": x.compute_s,
+                "allreduce_s": x.allreduce_s,
+                "exposed_allreduce_s": x.exposed_allreduce_s,
+                "flops": x.flops,
+                "operators": x.operators,
+                "saved": list(x.saved),
+            }
     mem = m.memory
     return RankReport(
         socket_id=m.socket_id,
