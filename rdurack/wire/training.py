@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from google.protobuf import json_format
+
 from rdurack.orchestrator.kinds.training import stage_fields
 from rdurack.v1 import job_pb2, node_agent_pb2
 from rdurack.workloads.training.job import RankReport, TrainingWorkload
