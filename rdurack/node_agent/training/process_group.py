@@ -75,6 +75,8 @@ class RankLinks:
     streams: Streams
     job_id: str
     sockets: list[str]  # socket ids, by global rank
+    # Wall seconds a collective waits for a peer (one that never comes: dead or hung).
+    wall_timeout_s: float = 60.0
     checks: Checks | None = None  # the article's mistakes, looked for
     stats: CollectiveStats = field(default_factory=CollectiveStats)
 
@@ -121,7 +123,10 @@ class RduProcessGroup(dist.ProcessGroup):
         self, links: RankLinks, ranks: Sequence[int], rank: int, name: str, timeout_s: float
     ):
         """`ranks`: the group's global ranks in group-rank order; `rank`: this one's
-        group rank; `timeout_s`: wall seconds a collective waits for a peer."""
+        group rank; `timeout_s`: the group's timeout, emulated seconds: how late a rank
+        may reach a step's gradient all-reduce (script_checks.py). On the hardware it is
+        the wall time NCCL waits; here the wall wait for a dead peer is the job's
+        `wall_timeout_s`, as emulated and wall seconds are not the same."""
         super().__init__(rank, len(ranks))  # type: ignore[call-arg]  # stubs: (store, ...)
         self.links = links
         self.members = [SocketId.parse(links.sockets[r]) for r in ranks]
@@ -162,7 +167,9 @@ class RduProcessGroup(dist.ProcessGroup):
         plan = links.engine.plan(op, members, array, root=src, reduce_op=reduce_op)
         with links.streams.collective(op) as clock:
             start = clock.now_ns
-            out = links.engine.run(sequence + what, plan, clock, self.timeout_s, array, sequence)
+            out = links.engine.run(
+                sequence + what, plan, clock, links.wall_timeout_s, array, sequence
+            )
             links.stats.add(op, clock.now_ns - start, plan.nbytes)
         return out.buffer
 

@@ -211,7 +211,7 @@ class ScriptRank:
         timer = Timer(platform, [SocketId.parse(host.name)])
         streams = Streams(host.clock, timer.unfused_s, lambda: host.slowdown)
         checks = Checks(host.engine, job_id, list(group), rank, w.wall_timeout_s)
-        self.links = RankLinks(host.engine, streams, job_id, list(group), checks)
+        self.links = RankLinks(host.engine, streams, job_id, list(group), w.wall_timeout_s, checks)
         self.rank = rank
         self.w = w
         listen = host.address().rsplit(":", 1)[0].strip("[]")  # the links' host

@@ -39,16 +39,18 @@ def sockets() -> Iterator[list[Socket]]:
             s.close()
 
 
-def groups(sockets: list[Socket], timeout_s: float = 10.0) -> list[RduProcessGroup]:
+def groups(sockets: list[Socket], wall_timeout_s: float = 10.0) -> list[RduProcessGroup]:
     """A fresh default group on every socket (its own name: tags never meet old ones)."""
     name = f"g{next(_names)}"
     return [
         RduProcessGroup(
-            RankLinks(s.engine, Streams(s.clock, lambda flops, nbytes: 0.0), JOB, GROUP),
+            RankLinks(
+                s.engine, Streams(s.clock, lambda flops, nbytes: 0.0), JOB, GROUP, wall_timeout_s
+            ),
             range(len(GROUP)),
             r,
             name,
-            timeout_s,
+            1800.0,
         )
         for r, s in enumerate(sockets)
     ]
@@ -145,7 +147,7 @@ def test_ranks_issuing_different_collectives_fail_at_once_naming_both(
             return e  # failure aborts their waits) until the group's timeout
         return None
 
-    errors = each(groups(sockets, timeout_s=2.0), body)
+    errors = each(groups(sockets, wall_timeout_s=2.0), body)
     found = [e for e in errors if isinstance(e, CollectiveMismatch)]
     assert found, f"no rank saw the mismatch: {errors}"
     message = str(found[0])
