@@ -328,7 +328,12 @@ class GrpcNodeGateway:
             checkpoint_dir=checkpoint_dir,
         )
         reply = self._call(
-            node, f"training of {job_id}", "RunTraining", request, self.timeout_s, WORK_RETRYABLE
+            node,
+            f"training of {job_id}",
+            "RunTraining",
+            request,
+            workload.call_timeout_s(self.timeout_s),
+            WORK_RETRYABLE,
         )
         assert isinstance(reply, node_agent_pb2.RunTrainingResponse)
         return [training_convert.report_from_proto(r) for r in reply.ranks]

@@ -326,6 +326,7 @@ class NodeAgent:
                 "checkpoint_dir": checkpoint_dir,
                 "loop": workload.loop,
             },
+            timeout_s=workload.call_timeout_s(self.call_timeout_s),
         )
 
     def _local(self, socket_ids: Sequence[str], named: Sequence[str]) -> list[str]:
@@ -346,10 +347,12 @@ class NodeAgent:
         method: str,
         args: tuple[Any, ...],
         kwargs: Mapping[str, Any] | None = None,
+        timeout_s: float | None = None,
     ) -> list[Any]:
         """Call `method(*args, **kwargs, carrier=...)` on the actors of `socket_ids` at
         once, under a span `span` (child of the current one: the RPC's server span) that
-        the actors continue from the carrier, and gather their results."""
+        the actors continue from the carrier, and gather their results within
+        `timeout_s` (default call_timeout_s)."""
         with self._tracer.start_as_current_span(
             span,
             attributes={
@@ -366,7 +369,7 @@ class NodeAgent:
                 )
                 for sid in socket_ids
             ]
-            return self._gather(refs, what, job_id, socket_ids)
+            return self._gather(refs, what, job_id, socket_ids, timeout_s)
 
     # ------------------------------------------------------------------ tensors (functional)
 
@@ -468,18 +471,23 @@ class NodeAgent:
     # ------------------------------------------------------------------ helpers
 
     def _gather(
-        self, refs: list[Any], what: str, job_id: str, socket_ids: Sequence[str]
+        self,
+        refs: list[Any],
+        what: str,
+        job_id: str,
+        socket_ids: Sequence[str],
+        timeout_s: float | None = None,
     ) -> list[Any]:
-        """ray_calls.gather within call_timeout_s: a socket's failure ends the waits of
-        the job's other sockets here."""
+        """ray_calls.gather within `timeout_s` (default call_timeout_s): a socket's
+        failure ends the waits of the job's other sockets here."""
 
         def abort(sockets: list[str]) -> None:
             why = f"a socket of job {job_id} on node {self.node_index} failed ({what})"
             for actor in self._sockets.handles(sockets):
                 control(actor, "abort").remote(job_id, why)
 
-        timeout_s = self.call_timeout_s
-        return ray_calls.gather(refs, what, self.node_index, timeout_s, socket_ids, abort)
+        limit = self.call_timeout_s if timeout_s is None else timeout_s
+        return ray_calls.gather(refs, what, self.node_index, limit, socket_ids, abort)
 
     def _get(self, refs: list[Any], what: str, timeout_s: float | None = None) -> list[Any]:
         return self._sockets.get(refs, what, timeout_s)

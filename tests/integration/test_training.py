@@ -18,7 +18,7 @@ from rdurack.api.rack_service import RackService
 from rdurack.api.server import Server, channel
 from rdurack.cli.views import job_dict
 from rdurack.client.training import run_training_loop
-from rdurack.node_agent.training.user_loop import TrainContext
+from rdurack.node_agent.training.script import TrainContext
 from rdurack.orchestrator.orchestrator import Orchestrator
 from rdurack.orchestrator.store import JobStore
 from rdurack.rack.models import builtin_models
@@ -154,14 +154,13 @@ def test_a_straggler_sets_the_step_time_and_a_short_timeout_names_it(
 
 def test_a_clients_own_loop_runs_once_per_rank(trainer: Control) -> None:
     def loop(ctx: TrainContext) -> list[float]:
-        import numpy
+        import torch
+        import torch.distributed as dist
 
-        dist = ctx.dist
-        dist.init_process_group("rdulink", world_size=ctx.world_size, rank=ctx.rank)
-        x = numpy.full(3, ctx.rank + 1, dtype=numpy.float32)
+        dist.init_process_group("rdu")  # torch's own, over the rack's links
+        x = torch.full((3,), ctx.rank + 1.0)
         dist.all_reduce(x)
         dist.barrier()
-        dist.destroy_process_group()
         return [float(v) for v in x]
 
     address = trainer.server.address
@@ -169,9 +168,11 @@ def test_a_clients_own_loop_runs_once_per_rank(trainer: Control) -> None:
     assert results == [[6.0, 6.0, 6.0]] * 3  # 1 + 2 + 3 on every rank
 
     def wrong(ctx: TrainContext) -> None:
-        ctx.dist.init_process_group("rdulink", world_size=5, rank=ctx.rank)
+        import torch.distributed as dist
 
-    with pytest.raises(Exception, match="world_size=5 but the process group has 2 ranks"):
+        dist.init_process_group("rdu", world_size=1, rank=0)
+
+    with pytest.raises(Exception, match=r"\[wrong-world-size\] init_process_group\(world_size=1\)"):
         run_training_loop(wrong, world_size=2, address=address)
 
 

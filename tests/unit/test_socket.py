@@ -318,7 +318,7 @@ def test_received_parts_apply_in_order_even_off_element_boundaries(reduce: bool)
         parts = tuple(raw[lo:hi] for lo, hi in itertools.pairwise(cuts))
         msg = Message("rdu-n0-s1", "t", 0, 1, len(raw), parts, "float32", (10,))
         target = np.ones(10, dtype=np.float32)
-        _apply(target, msg, reduce)
+        _apply(target, msg, np.add if reduce else None)
         np.testing.assert_array_equal(target, values + 1 if reduce else values)
 
 

@@ -3,16 +3,17 @@
 
 What it runs: the built-in loop (workloads/training/loop.py) for numpy models, its
 passes timed on the socket's clock (training/timed.py); a timing-only loop of the same
-shape for model presets (DDP's traffic and compute as descriptors, no numbers); or a
-client's own function (`loop`, training/user_loop.py) once. Collectives go over the
-process group on the socket's links (training/backend.py), each waiting at most the
-workload's `wall_timeout_s` for a peer.
+shape for model presets (DDP's traffic and compute as descriptors, no numbers); or, once,
+a torchrun-style script or a client's own function (training/script.py, over the "rdu"
+torch process group). The built-in loops' collectives go over training/backend.py, each
+waiting at most the workload's `wall_timeout_s` for a peer.
 
 Memory: the built-in loop accounts what it holds, stage by stage, on the socket's tiers
 (workloads/training/memory.py; a progressive stage change moves weights between HBM and
-DDR, which takes the copy's emulated time); a preset or a client's loop holds its
-planned memory for the whole job. Either way under the job's HBM cap. A job on another
-platform (a DGX) takes that platform's socket memory instead of the socket's.
+DDR, which takes the copy's emulated time); a script or a client's function holds its
+tensors as it runs (training/script_memory.py); a preset holds its planned memory for the
+whole job. Either way under the job's HBM cap. A job on another platform (a DGX) takes
+that platform's socket memory instead of the socket's.
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ from rdurack.node_agent.training.recorder import RankRecorder
 from rdurack.node_agent.training.script import ScriptRank
 from rdurack.node_agent.training.script_memory import TensorMemory
 from rdurack.node_agent.training.timed import TimedModel, backward, forward
-from rdurack.node_agent.training.user_loop import run_user_loop
 from rdurack.rack.clock import seconds_to_ns
 from rdurack.rack.memory import TieredMemory
 from rdurack.rack.models import ModelSpec
@@ -96,11 +96,11 @@ class RankRunner:
         self._result: dict[str, Any] | None = None
         self._loop_result = b""
         self.account = MemoryAccount(self.memory, f"{job_id}/train/", w.hbm_cap_bytes)
-        # The built-in loop accounts its own arrays; the others hold the plan (a script
-        # holds nothing yet: its tensors are not accounted).
+        # The built-in loop accounts its own arrays; a script or a client's function
+        # holds its tensors as it runs (script_memory.py); a preset holds the plan.
         self._accounted = w.functional and not loop and not w.script
         if not self._accounted:
-            if not w.script:
+            if not (w.script or loop):
                 self.account.place(
                     {
                         part: (Tier.HBM, nbytes)
@@ -135,14 +135,8 @@ class RankRunner:
         losses: list[float] = []
         if self._result is not None:
             return losses
-        if self.w.script:
+        if self.w.script or self._loop:
             self._result = self._run_script()
-            return losses
-        if self._loop:
-            self._loop_result = run_user_loop(
-                self._loop, self.backend, self.socket.name, self.checkpoint_dir
-            )
-            self._result = {"rank": self.rank, "device": self.socket.name}
             return losses
         if self._steps is None:
             self._steps = self._make_steps()
@@ -251,7 +245,8 @@ class RankRunner:
         return None
 
     def _run_script(self) -> dict[str, Any]:
-        """The job's script, once, as this rank; its figures per optimizer step."""
+        """The job's script (or its client's function), once, as this rank; its
+        figures per optimizer step."""
         if self.checkpoint_dir is None:
             raise InvalidRequest(
                 "a script job needs a job directory: start the orchestrator with a "
@@ -265,6 +260,7 @@ class RankRunner:
             streams = self._script.run(self.checkpoint_dir, memory)
         finally:
             self._memory = memory.breakdown()
+        self._loop_result = self._script.returned
         b = self.backend
         b.all_reduce_ns, b.exposed_ns = streams.all_reduce_ns, streams.exposed_ns
         b.compute_s = streams.compute_ns * 1e-9

@@ -27,13 +27,15 @@ import socket
 import sys
 import traceback
 import types
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 import numpy as np
 import torch.distributed as dist
+from ray import cloudpickle
 from torch._C._distributed_c10d import TCPStore
 
 from rdurack.errors import RdurackError
@@ -114,51 +116,84 @@ def rank_environment(sockets: Sequence[str], rank: int, rendezvous: Rendezvous) 
     }
 
 
-def run_script(
-    source: bytes,
-    name: str,
-    args: Sequence[str],
-    links: RankLinks,
-    rank: int,
-    job_dir: Path,
-    rendezvous: Rendezvous,
-    memory: TensorMemory | None = None,
-) -> None:
-    """Run the script `source` (file name `name`, argv `args`) as rank `rank`, its
-    tensors held on `memory`; its output goes to its log under `job_dir`. Raises
-    ScriptFailed if it fails."""
-    me = links.sockets[rank]
-    cwd = work_dir(job_dir)
-    cwd.mkdir(parents=True, exist_ok=True)
-    log = log_path(job_dir, rank)
-    log.parent.mkdir(parents=True, exist_ok=True)
-    path = str(cwd / name)  # what tracebacks and __file__ show
-    text = source.decode()
-    # Tracebacks show the script's lines, though the file is not on this host's disk.
-    linecache.cache[path] = (len(text), None, text.splitlines(keepends=True), path)
-    code = compile(text, path, "exec")
-    main = types.ModuleType("__main__")
-    main.__file__ = path
-    register(links)
-    env = rank_environment(links.sockets, rank, rendezvous)
-    with (
-        log.open("a", buffering=1) as out,
-        _process_state(cwd, env, [name, *args], main, out),
-    ):
+@dataclass
+class RankRun:
+    """What a rank runs and where: the rank's links and rendezvous, the job's directory
+    (its shared folder and logs), the memory its tensors are held on."""
+
+    links: RankLinks
+    rank: int
+    job_dir: Path
+    rendezvous: Rendezvous
+    memory: TensorMemory | None = None
+
+    def script(self, source: bytes, name: str, args: Sequence[str]) -> None:
+        """Run the script `source` (file name `name`, argv `args`) as `__main__`."""
+        path = str(work_dir(self.job_dir) / name)  # what tracebacks and __file__ show
+        text = source.decode()
+        # Tracebacks show the script's lines, though the file is not on this host's disk.
+        linecache.cache[path] = (len(text), None, text.splitlines(keepends=True), path)
         try:
-            with Pricing(links.streams, memory), _watching(links.checks):
-                exec(code, main.__dict__)
-        except SystemExit as e:
-            if e.code not in (None, 0):
-                raise ScriptFailed(rank, me, f"{name} exited with code {e.code}") from None
-        except BaseException as e:  # the script's own errors: the job's error names them
-            traceback.print_exc(file=out)
-            tail = traceback.format_exception(e)[-TRACEBACK_LINES:]
-            raise ScriptFailed(rank, me, "".join(tail).strip()) from None
+            code = compile(text, path, "exec")
+            main = types.ModuleType("__main__")
+            main.__file__ = path
+            self._run(lambda: exec(code, main.__dict__), name, [name, *args], main)
         finally:
-            if dist.is_initialized():
-                dist.destroy_process_group()
             linecache.cache.pop(path, None)
+
+    def function(self, fn: Callable[[TrainContext], Any]) -> Any:
+        """Run a client's function `fn(ctx)` (run_training_loop's); its return value."""
+        links, rank = self.links, self.rank
+        local = int(rank_environment(links.sockets, rank, self.rendezvous)["LOCAL_RANK"])
+        ctx = TrainContext(
+            rank, len(links.sockets), local, links.sockets[rank], work_dir(self.job_dir)
+        )
+        name = getattr(fn, "__name__", "loop")
+        returned: list[Any] = []
+        self._run(lambda: returned.append(fn(ctx)), name, [name], sys.modules["__main__"])
+        return returned[0] if returned else None
+
+    def _run(
+        self, body: Callable[[], object], name: str, argv: list[str], main: types.ModuleType
+    ) -> None:
+        """`body` as the rank, in its environment; its output in its log. Raises
+        ScriptFailed if it fails."""
+        links, rank = self.links, self.rank
+        cwd = work_dir(self.job_dir)
+        cwd.mkdir(parents=True, exist_ok=True)
+        log = log_path(self.job_dir, rank)
+        log.parent.mkdir(parents=True, exist_ok=True)
+        register(links)
+        env = rank_environment(links.sockets, rank, self.rendezvous)
+        me = links.sockets[rank]
+        with log.open("a", buffering=1) as out, _process_state(cwd, env, argv, main, out):
+            try:
+                with Pricing(links.streams, self.memory), _watching(links.checks):
+                    body()
+            except SystemExit as e:
+                if e.code not in (None, 0):
+                    raise ScriptFailed(rank, me, f"{name} exited with code {e.code}") from None
+            except BaseException as e:  # the rank's own errors: the job's error names them
+                traceback.print_exc(file=out)
+                tail = traceback.format_exception(e)[-TRACEBACK_LINES:]
+                raise ScriptFailed(rank, me, "".join(tail).strip()) from None
+            finally:
+                if dist.is_initialized():
+                    dist.destroy_process_group()
+
+
+@dataclass
+class TrainContext:
+    """What a client's function gets on its rank (Ray Train's `train_loop_per_worker`
+    receives its config the same way); torch.distributed is torch's own, the "rdu"
+    backend registered, and the environment a script gets is set too."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    device: str  # the rank's socket
+    work_dir: Path  # the ranks' shared folder, the current directory
+    config: dict[str, Any] = field(default_factory=dict)
 
 
 def _watching(checks: Checks | None) -> contextlib.AbstractContextManager[None]:
@@ -195,8 +230,8 @@ def _process_state(
 
 
 class ScriptRank:
-    """Rank `rank` of a script job on `host` (a socket): the rendezvous when it starts,
-    then the script, once."""
+    """Rank `rank` of a script job (or a client's function) on `host` (a socket): the
+    rendezvous when it starts, then the script, once."""
 
     def __init__(
         self,
@@ -216,15 +251,19 @@ class ScriptRank:
         self.w = w
         listen = host.address().rsplit(":", 1)[0].strip("[]")  # the links' host
         self.rendezvous = Rendezvous(self.links, rank, listen, w.wall_timeout_s)
+        self.returned = b""  # a client's function's return value, pickled
 
     def run(self, job_dir: Path, memory: TensorMemory) -> Streams:
-        """Run the script, its tensors held on `memory`; what its operators and
-        collectives took."""
+        """Run the job's script, or its client's function, its tensors held on
+        `memory`; what its operators and collectives took. A function's return value
+        is `returned`, pickled."""
         w = self.w
-        run_script(
-            w.script, w.script_name, w.script_args, self.links, self.rank, job_dir,
-            self.rendezvous, memory,
-        )  # fmt: skip
+        run = RankRun(self.links, self.rank, job_dir, self.rendezvous, memory)
+        if w.script:
+            run.script(w.script, w.script_name, w.script_args)
+        else:
+            fn = cloudpickle.loads(w.loop)
+            self.returned = bytes(cloudpickle.dumps(run.function(fn)))  # type: ignore[no-untyped-call]
         return self.links.streams
 
     def close(self) -> None:

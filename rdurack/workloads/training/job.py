@@ -111,6 +111,10 @@ class TrainingWorkload(Config):
     script: bytes = Field(default=b"", max_length=MAX_LOOP_BYTES)
     script_name: str = Field(default="", max_length=255)
     script_args: tuple[str, ...] = Field(default=(), max_length=1024)
+    # Wall seconds a script (or a client's loop) may run on a rank: it runs as one call,
+    # not in segments of steps, so this is that call's bound. A rank still running then
+    # fails the job.
+    run_timeout_s: float = Field(default=3600.0, gt=0, le=7 * 86400)
 
     @model_validator(mode="after")
     def _consistent(self) -> TrainingWorkload:
@@ -134,6 +138,11 @@ class TrainingWorkload(Config):
                     "and freezing state are not saved); use 0"
                 )
         return self
+
+    def call_timeout_s(self, segment_s: float) -> float:
+        """How long a call running this job's ranks may take, given `segment_s` for one
+        segment of steps: a script or a client's loop runs whole in one call."""
+        return self.run_timeout_s + segment_s if self.script or self.loop else segment_s
 
     @property
     def num_sockets(self) -> int:
