@@ -30,6 +30,7 @@ from rdurack.devtools.bench_rack import bench_rack
 from rdurack.devtools.bench_racks import bench_racks
 from rdurack.devtools.bench_serve import bench_serve
 from rdurack.devtools.bench_submit import bench_submit
+from rdurack.devtools.bench_torch import bench_torch
 from rdurack.devtools.bench_training import bench_progressive
 from rdurack.rack.models import builtin_models
 from rdurack.rack.presets import builtin_platforms
@@ -125,6 +126,7 @@ BENCHMARKS: list[tuple[str, Benchmark]] = [
     ("paper fidelity", bench_paper_fidelity),
     ("rack: 2 node agents x 8 socket actors", bench_rack),
     ("two racks (rdu up --racks 2): 4 node agents x 8 socket actors", bench_racks),
+    ("a torch DDP script on 16 sockets, beside gloo on 16 local processes", bench_torch),
     ("control plane: SubmitJob and WatchJob beside their floors, both stores", bench_submit),
     ("control plane: rdu up, SubmitJob from 50 clients, scheduling", bench_control),
     ("progressive training (ProFL), default configuration", bench_progressive),

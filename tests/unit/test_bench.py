@@ -287,3 +287,12 @@ def test_progressive_figures_are_the_mean_and_the_worst_seed_against_each_target
         f"{over} (mean of 2 seeds)": (-0.25, False),
         f"{over} (worst of 2 seeds)": (-1.0, False),
     }
+
+
+def test_the_torch_bench_reads_rank_0s_figures_or_says_what_the_script_printed() -> None:
+    from rdurack.devtools.bench_torch import _figures
+
+    out = 'starting\n{"step_s": 0.5, "all_reduce_s": 0.2, "bytes": 8}\nbye\n'
+    assert _figures(out) == {"step_s": 0.5, "all_reduce_s": 0.2, "bytes": 8}
+    with pytest.raises(RuntimeError, match="printed no figures:\nTraceback"):
+        _figures("Traceback (most recent call last): ...")
