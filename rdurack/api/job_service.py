@@ -23,6 +23,7 @@ from rdurack.api.server import Server
 from rdurack.api.status import rpc, rpc_stream
 from rdurack.errors import InvalidRequest, NotLeader
 from rdurack.orchestrator.fault_injector import FaultInjector
+from rdurack.orchestrator.logs import read_logs
 from rdurack.orchestrator.orchestrator import Orchestrator
 from rdurack.security.auth import Authenticator
 from rdurack.security.guard import Bounds
@@ -55,7 +56,7 @@ JOB_BOUNDS = Bounds(
         f"{_V1}.CoeInferenceJob.trace": MAX_REQUESTS,
         f"{_V1}.CoeInferenceJob.pinned_experts": 10_000,
     },
-    bytes_={f"{_V1}.TrainingJob.loop": MAX_LOOP_BYTES},
+    bytes_={f"{_V1}.TrainingJob.loop": MAX_LOOP_BYTES, f"{_V1}.TrainingJob.script": MAX_LOOP_BYTES},
 )
 # The largest JobService request (4 MiB, gRPC's own default): a pickled loop
 # (MAX_LOOP_BYTES, 1 MiB) or a trace of MAX_REQUESTS short requests fits; gRPC answers
@@ -99,6 +100,21 @@ class JobService(job_pb2_grpc.JobServiceServicer):
         scope = self.auth.principal(context).scope
         job = self.o.get(_job_id(request.job_id), scope)
         return job_pb2.GetJobResponse(job=jc.job_to_proto(job))
+
+    @rpc
+    def GetJobLogs(
+        self, request: job_pb2.GetJobLogsRequest, context: grpc.ServicerContext
+    ) -> job_pb2.GetJobLogsResponse:
+        scope = self.auth.principal(context).scope
+        job = self.o.get(_job_id(request.job_id), scope)
+        root = self.o.checkpoint_dir
+        if job.spec.workload.kind != "training" or root is None:
+            return job_pb2.GetJobLogsResponse()
+        rank = request.rank if request.HasField("rank") else None
+        logs = read_logs(root / job.id, job.spec.sockets, rank)
+        return job_pb2.GetJobLogsResponse(
+            logs=[job_pb2.RankLog(rank=g.rank, text=g.text, truncated=g.truncated) for g in logs]
+        )
 
     @rpc
     def ListJobs(

@@ -26,6 +26,7 @@ from collections.abc import Iterable
 IDEMPOTENT = frozenset(
     {
         "rdurack.v1.JobService/GetJob",
+        "rdurack.v1.JobService/GetJobLogs",
         "rdurack.v1.JobService/ListJobs",
         "rdurack.v1.JobService/WatchJob",
         "rdurack.v1.RackService/GetRack",

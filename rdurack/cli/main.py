@@ -52,6 +52,7 @@ def build_app() -> typer.Typer:
             "watch": talks_to_orchestrator(jobs.watch_cmd),
             "job": talks_to_orchestrator(jobs.job_cmd),
             "cancel": talks_to_orchestrator(jobs.cancel_cmd),
+            "logs": talks_to_orchestrator(train.logs_cmd),
             "jobs": talks_to_orchestrator(jobs.jobs_cmd),
             "status": talks_to_orchestrator(rack.status_cmd),
             "demo": demo.demo_cmd,

@@ -45,6 +45,11 @@ class JobClient:
         reply = self._jobs.GetJob(job_pb2.GetJobRequest(job_id=job_id), timeout=self.timeout_s)
         return reply.job
 
+    def logs(self, job_id: str, rank: int | None = None) -> list[job_pb2.RankLog]:
+        """What a script job's ranks printed (or rank `rank`), by rank."""
+        request = job_pb2.GetJobLogsRequest(job_id=job_id, rank=rank)
+        return list(self._jobs.GetJobLogs(request, timeout=self.timeout_s).logs)
+
     def cancel(self, job_id: str, reason: str) -> job_pb2.Job:
         request = job_pb2.CancelJobRequest(job_id=job_id, reason=reason)
         return self._jobs.CancelJob(request, timeout=self.timeout_s).job

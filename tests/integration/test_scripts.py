@@ -7,12 +7,14 @@ import runpy
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import pytest
 import torch
 
 from rdurack.v1 import common_pb2, job_pb2
 from rdurack.workloads.training.script_files import log_path, work_dir
 from tests.support.agents import ServedAgent
+from tests.support.cli import rdu, rdu_json
 from tests.support.control import FAILED, SUCCEEDED, Control, submit, wait_terminal
 
 pytestmark = pytest.mark.integration
@@ -49,6 +51,15 @@ def job_dir(control: Control, job: job_pb2.Job) -> Path:
     return root / job.id
 
 
+# First: the module's `trainer` gives the orchestrator a job directory from then on.
+def test_a_script_needs_a_job_directory_and_is_refused_without_one(control: Control) -> None:
+    assert control.orchestrator.checkpoint_dir is None
+    with pytest.raises(grpc.RpcError) as refused:
+        run(control, "print('hi')\n", 2)
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "checkpoint directory" in str(refused.value.details())
+
+
 @pytest.mark.timeout(600)
 def test_a_gpu_script_runs_on_16_sockets_and_trains_like_one_process(trainer: Control) -> None:
     epochs, lr = 6, 0.05
@@ -77,6 +88,13 @@ def test_a_gpu_script_runs_on_16_sockets_and_trains_like_one_process(trainer: Co
     assert r.peak_hbm_bytes >= r.memory.total > 0
     log = log_path(job_dir(trainer, job), 0).read_text()
     assert f"epoch {epochs - 1} local rank 0 loss" in log
+    # What the user reads: `rdu logs`, over JobService.
+    address = trainer.server.address
+    one = rdu("logs", job.id, "--rank", "0", "--address", address)
+    assert one.returncode == 0 and one.stdout == log, one.stderr
+    every = rdu_json("logs", job.id, "--address", address)
+    assert [g["rank"] for g in every] == list(range(16))  # every rank's, rank 0's printed
+    assert every[0]["text"] == log and every[5]["text"] == ""
 
 
 MISTAKES = {

@@ -25,8 +25,8 @@ from rdurack.workloads.serving.speculative import SpeculativeSetting
 from tests.support.ports import free_port
 
 COMMANDS = {
-    "up", "down", "join", "watch", "job", "cancel", "jobs", "status", "demo", "serve", "certs",
-    "token", "trace", "plot", "spec", "calibrate",
+    "up", "down", "join", "watch", "job", "cancel", "logs", "jobs", "status", "demo", "serve",
+    "certs", "token", "trace", "plot", "spec", "calibrate",
     "submit kernel", "submit coe", "submit train",
     "fault kill-socket", "fault kill-agent", "fault slow", "fault drop-link",
     "fault delay-link", "fault partition", "fault heal", "fault list",
@@ -56,8 +56,9 @@ def test_every_command_is_in_its_place_in_the_listed_order() -> None:
     leaves = {path for path, c in found.items() if not hasattr(c, "commands")}
     assert leaves == COMMANDS
     assert list(found[""].commands) == [
-        "up", "down", "join", "watch", "job", "cancel", "jobs", "status", "demo", "serve", "certs",
-        "token", "trace", "plot", "spec", "calibrate", "submit", "fault", "predict", "bench",
+        "up", "down", "join", "watch", "job", "cancel", "logs", "jobs", "status", "demo", "serve",
+        "certs", "token", "trace", "plot", "spec", "calibrate", "submit", "fault", "predict",
+        "bench",
     ]  # fmt: skip
     assert list(found["submit"].commands) == ["kernel", "coe", "train"]
 

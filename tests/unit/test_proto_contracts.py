@@ -50,6 +50,7 @@ SERVICES: dict[str, dict[str, dict[str, tuple[bool, bool]]]] = {
             "CancelJob": (False, False),
             "WatchJob": (False, True),
             "RunPasses": (False, False),
+            "GetJobLogs": (False, False),
         },
     },
     "rack": {

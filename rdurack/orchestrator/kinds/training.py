@@ -61,9 +61,16 @@ class TrainingKind:
                 f"put two processes on one socket; each rank needs a socket of its own (one "
                 f"process per socket): use a world_size of at most {platform.sockets}"
             )
-        if w.loop:
+        if w.user_code:
+            what = "script" if w.script else "loop"
             if not functional:
-                raise InvalidRequest(f"{FIELD}.loop: a client's own loop computes: use FUNCTIONAL")
+                raise InvalidRequest(f"{FIELD}.{what}: the user's code computes: use FUNCTIONAL")
+            if self.checkpoint_dir is None:
+                raise InvalidRequest(
+                    f"{FIELD}.{what}: the ranks of a script or a client's loop share a job "
+                    "directory, and this orchestrator has none: start it with a checkpoint "
+                    "directory"
+                )
         elif w.functional != functional:
             mode = "FUNCTIONAL" if w.functional else "TIMING"
             kind = "a small real numpy model" if w.functional else "a model preset, timed only"
@@ -72,7 +79,8 @@ class TrainingKind:
                 f"spec.payload_mode: {w.model!r} is {kind}: run it in {mode} mode "
                 f"(numpy models: {', '.join(NUMPY_MODELS)}; presets: {presets})"
             )
-        check_fits(w, platform, step_cost(w, platform, self.context.models))
+        if not w.user_code:  # the user's code holds what its tensors hold, as it runs
+            check_fits(w, platform, step_cost(w, platform, self.context.models))
         self.context.scheduler.check(spec)
 
     def attributes(self, spec: JobSpec) -> dict[str, str]:
@@ -182,7 +190,7 @@ def training_result(
         start_step=first.result.get("start_step", 0),
         checkpoints=tuple(c for r in reports for c in r.result.get("checkpoints", [])),
         platform=platform.name,
-        model=w.model if not w.loop else "(client loop)",
+        model=w.label,
         loop_results=tuple(base64.b64encode(r.loop_result).decode() for r in reports)
         if w.loop
         else (),

@@ -64,6 +64,21 @@ ACTIVATION_BYTES_PER_TOKEN_HIDDEN = 34  # Korthikanti et al. 2023, Sec. 4.1 (BF1
 ATTENTION_FACTOR = 5  # ... plus 5·a·s/h for the attention scores
 
 
+def check_script(source: bytes, name: str) -> None:
+    """Refuse a script that could never run: a bad file name, text that is not UTF-8,
+    a syntax error (with its line)."""
+    if not name.endswith(".py") or "/" in name or "\\" in name or name.startswith("."):
+        raise ValueError(f"script_name {name!r}: a plain file name ending in .py, e.g. train.py")
+    try:
+        text = source.decode()
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{name}: not UTF-8 text (byte {e.start})") from None
+    try:
+        compile(text, name, "exec")
+    except SyntaxError as e:
+        raise ValueError(f"{name}, line {e.lineno}: {e.msg}") from None
+
+
 class TrainingWorkload(Config):
     """torch DDP semantics: one rank per socket, data parallel."""
 
@@ -118,6 +133,17 @@ class TrainingWorkload(Config):
 
     @model_validator(mode="after")
     def _consistent(self) -> TrainingWorkload:
+        if self.script and self.loop:
+            raise ValueError("a job runs a script or a client's loop, not both")
+        if self.script:
+            check_script(self.script, self.script_name)
+        if self.user_code:
+            if self.strategy != "full":
+                raise ValueError(
+                    "strategy progressive is the built-in loop's: a script or a client's "
+                    "loop freezes what it likes itself (requires_grad_(False))"
+                )
+            return self  # the model, data and batch fields are the built-in loop's
         if self.global_batch % self.world_size:
             raise ValueError(
                 f"global_batch {self.global_batch} is not divisible by world_size "
@@ -126,11 +152,10 @@ class TrainingWorkload(Config):
         if self.blocks != 1 and self.model != "mlp":
             raise ValueError(f"blocks: {self.model} is one block; only the mlp takes blocks")
         if self.strategy == "progressive":
-            if self.model != "mlp" or self.blocks < 2 or self.loop:
+            if self.model != "mlp" or self.blocks < 2:
                 raise ValueError(
                     "strategy progressive trains the mlp block by block: use model mlp with "
-                    f"blocks >= 2 and the built-in loop (got {self.model!r}, blocks "
-                    f"{self.blocks}{', a client loop' if self.loop else ''})"
+                    f"blocks >= 2 (got {self.model!r}, blocks {self.blocks})"
                 )
             if self.checkpoint_every:
                 raise ValueError(
@@ -142,7 +167,20 @@ class TrainingWorkload(Config):
     def call_timeout_s(self, segment_s: float) -> float:
         """How long a call running this job's ranks may take, given `segment_s` for one
         segment of steps: a script or a client's loop runs whole in one call."""
-        return self.run_timeout_s + segment_s if self.script or self.loop else segment_s
+        return self.run_timeout_s + segment_s if self.user_code else segment_s
+
+    @property
+    def user_code(self) -> bool:
+        """A script or a client's loop: the job runs the user's code, not the built-in
+        loop (the model, data and batch fields do not apply)."""
+        return bool(self.script or self.loop)
+
+    @property
+    def label(self) -> str:
+        """What the job trains, for its result: the model, or the user's code."""
+        if self.script:
+            return f"(script {self.script_name})"
+        return "(client loop)" if self.loop else self.model
 
     @property
     def num_sockets(self) -> int:
