@@ -55,6 +55,7 @@ from rdurack.workloads.training.movement import DEFAULT_THRESHOLD, DEFAULT_WINDO
 from rdurack.workloads.training.overlap import OverlapTiming, overlap, split_by_bytes
 from rdurack.workloads.training.progressive import Strategy
 from rdurack.workloads.training.rank import TrainSpec
+from rdurack.workloads.training.script_files import check_script
 from rdurack.workloads.training.strategy import Trainee
 
 NUMPY_MODELS = ("mlp", "transformer")
@@ -62,21 +63,6 @@ MAX_LOOP_BYTES = 1 << 20  # a pickled training function, within gRPC's 4 MB mess
 FP32 = 4  # bytes: master weights and optimizer state
 ACTIVATION_BYTES_PER_TOKEN_HIDDEN = 34  # Korthikanti et al. 2023, Sec. 4.1 (BF16)
 ATTENTION_FACTOR = 5  # ... plus 5·a·s/h for the attention scores
-
-
-def check_script(source: bytes, name: str) -> None:
-    """Refuse a script that could never run: a bad file name, text that is not UTF-8,
-    a syntax error (with its line)."""
-    if not name.endswith(".py") or "/" in name or "\\" in name or name.startswith("."):
-        raise ValueError(f"script_name {name!r}: a plain file name ending in .py, e.g. train.py")
-    try:
-        text = source.decode()
-    except UnicodeDecodeError as e:
-        raise ValueError(f"{name}: not UTF-8 text (byte {e.start})") from None
-    try:
-        compile(text, name, "exec")
-    except SyntaxError as e:
-        raise ValueError(f"{name}, line {e.lineno}: {e.msg}") from None
 
 
 class TrainingWorkload(Config):
