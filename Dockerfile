@@ -19,6 +19,9 @@ COPY rdurack ./rdurack
 # Generate the gRPC code into the package before installing it, as `make proto` does
 # (without the mypy stubs, a dev-only concern). grpcio-tools is a runtime dependency,
 # so the first install brings protoc; no dev tools are installed.
+# torch's CPU build from its own index first: PyPI's torch==2.13.0 is the CUDA build
+# (several GB) that the sockets never use.
+RUN pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
 RUN pip install . \
  && rm -rf rdurack/v1 && mkdir -p rdurack/v1 \
  && python -m grpc_tools.protoc -I proto --python_out=. --grpc_python_out=. \
