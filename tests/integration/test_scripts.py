@@ -31,14 +31,23 @@ def trainer(control: Control, tmp_path_factory: pytest.TempPathFactory) -> Itera
 
 
 def run(
-    control: Control, source: str | bytes, world: int, *args: str, timeout_s: float = 300
+    control: Control,
+    source: str | bytes,
+    world: int,
+    *args: str,
+    timeout_s: float = 300,
+    wall_timeout_s: float = 0.0,
 ) -> job_pb2.Job:
     text = source if isinstance(source, bytes) else source.encode()
     spec = job_pb2.JobSpec(
         name="script-test",
         payload_mode=common_pb2.PAYLOAD_MODE_FUNCTIONAL,
         training=job_pb2.TrainingJob(
-            world_size=world, script=text, script_name="train.py", script_args=list(args)
+            world_size=world,
+            script=text,
+            script_name="train.py",
+            script_args=list(args),
+            wall_timeout_s=wall_timeout_s,
         ),
     )
     job = submit(control.jobs, spec)
@@ -201,3 +210,20 @@ def test_a_straggler_past_the_groups_timeout_is_named(
         assert f"rank 2 ({slow})" in failed.error_message
     finally:
         agent.slow_socket(slow, 1.0)
+
+
+def test_a_rank_that_raises_fails_the_job_with_its_own_error_not_a_timeout(
+    trainer: Control,
+) -> None:
+    source = (
+        "import torch, torch.distributed as dist\n"
+        "dist.init_process_group('rdu')\n"
+        "if dist.get_rank() == 2:\n"
+        "    raise ValueError('shard 2 is corrupt')\n"
+        "dist.barrier()  # the others wait here for rank 2\n"
+    )
+    job = run(trainer, source, 4, wall_timeout_s=600, timeout_s=500)
+    assert job.state == FAILED
+    assert "rank 2" in job.error_message and "shard 2 is corrupt" in job.error_message
+    # The others did not wait out their 600 s for rank 2 (the test's own wait is 500 s):
+    # the job ended when rank 2 failed.

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Generator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry.context import Context
 
@@ -29,8 +29,6 @@ from rdurack.node_agent.timeline.hardware_trace import HardwareTrace
 from rdurack.node_agent.training.backend import LinkBackend
 from rdurack.node_agent.training.host import RankHost
 from rdurack.node_agent.training.recorder import RankRecorder
-from rdurack.node_agent.training.script import ScriptRank
-from rdurack.node_agent.training.script_memory import TensorMemory
 from rdurack.node_agent.training.timed import TimedModel, backward, forward
 from rdurack.rack.clock import seconds_to_ns
 from rdurack.rack.memory import TieredMemory
@@ -48,6 +46,9 @@ from rdurack.workloads.training.rank import (
     StageEvent,
     StepInfo,
 )
+
+if TYPE_CHECKING:  # script.py imports torch: the runner imports it where a script runs
+    from rdurack.node_agent.training.script import ScriptRank
 
 
 class RankRunner:
@@ -252,6 +253,12 @@ class RankRunner:
                 "a script job needs a job directory: start the orchestrator with a "
                 "checkpoint directory (its ranks share a working folder there)"
             )
+        # torch only where a job runs a script or a function: importing it takes a
+        # socket about a second of CPU, which 32 sockets starting a numpy job at once on
+        # two cores cannot spare (their agents' heartbeats starved).
+        from rdurack.node_agent.training.script import ScriptRank
+        from rdurack.node_agent.training.script_memory import TensorMemory
+
         self._script = ScriptRank(
             self.socket, self.job_id, self.group, self.rank, self.w, self.platform
         )
