@@ -73,6 +73,12 @@ def submit_train_cmd(
     run_timeout_s: Annotated[
         float | None, typer.Option(min=1.0, help="wall seconds the script may run (3600)")
     ] = None,
+    fusion_plan: Annotated[
+        str,
+        typer.Option(
+            help="unfused, fused-so or fused-ho; default the platform's (SN40L: fused-ho)"
+        ),
+    ] = "",
     name: NameOpt = "",
     wait: WaitOpt = False,
     timeout: TimeoutOpt = WATCH_TIMEOUT_S,
@@ -101,12 +107,14 @@ def submit_train_cmd(
         hbm_cap_bytes=hbm_cap_bytes,
         freeze_window=freeze_window or 0,
         freeze_threshold=freeze_threshold or 0.0,
+        fusion_plan=fusion_plan,
     )
     if no_broadcast:
         training.broadcast_parameters = False
     functional = model in NUMPY_MODELS  # a numpy model trains on real data
     if script is not None:
         training = script_job(script, script_args, world_size, timeout_s, run_timeout_s)
+        training.fusion_plan = fusion_plan
         functional = True  # the script computes
     spec = job_pb2.JobSpec(
         name=name, platform=platform, training=training, payload_mode=payload_mode(functional)

@@ -120,6 +120,16 @@ class Timer:
         roofline."""
         return self._launch_so + self.roofline_s(flops, hbm_bytes)
 
+    def fused_s(self, flops: float, hbm_bytes: float, plan: FusionPlan) -> float:
+        """Operators fused into one dataflow kernel under `plan`: one launch, the
+        pipeline's fill, the roofline of its FLOPs and the HBM bytes it moves."""
+        if not self._dataflow:
+            raise InvalidRequest(
+                f"{self.platform.socket.name} runs no dataflow kernels: plan {plan.value} "
+                "needs them; use unfused"
+            )
+        return self._launch(plan) + self._fill + self.roofline_s(flops, hbm_bytes)
+
     def all_reduce(self, nbytes: float) -> Cost:
         return self._collectives.all_reduce(self.topology, self.group, nbytes)
 

@@ -42,6 +42,7 @@ from rdurack.errors import RdurackError
 from rdurack.node_agent.training.host import RankHost
 from rdurack.node_agent.training.process_group import RankLinks, register
 from rdurack.node_agent.training.script_checks import Checks
+from rdurack.node_agent.training.script_kernels import kernels_for
 from rdurack.node_agent.training.script_memory import TensorMemory
 from rdurack.node_agent.training.script_time import Pricing, Streams
 from rdurack.rack.clock import EmulatedClock
@@ -244,7 +245,8 @@ class ScriptRank:
     ) -> None:
         """`platform`: whose socket prices the script's operators (the job's)."""
         timer = Timer(platform, [SocketId.parse(host.name)])
-        streams = Streams(host.clock, timer.unfused_s, lambda: host.slowdown)
+        kernels = kernels_for(timer, w.plan(platform))
+        streams = Streams(host.clock, kernels, lambda: host.slowdown)
         checks = Checks(host.engine, job_id, list(group), rank, w.wall_timeout_s)
         self.links = RankLinks(host.engine, streams, job_id, list(group), w.wall_timeout_s, checks)
         self.rank = rank

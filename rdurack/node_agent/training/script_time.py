@@ -1,14 +1,12 @@
 """A script rank's emulated time: what its tensors' operations and collectives take on
 the socket, as torch on the hardware would spend it.
 
-Compute: every aten operator the script runs (forward, backward, optimizer) is priced
-when it runs as one unfused kernel of the socket's timing model (rack/timing.py):
-launch + max(FLOPs / compute rate, bytes / HBM rate). FLOPs are what torch's
-`FlopCounterMode` counts (matmul-class operators: mm, addmm, bmm, convolutions,
-attention); bytes are the operator's tensor inputs and outputs, each read or written
-once from HBM (an unfused kernel keeps nothing on chip). Views (transpose, reshape,
-detach) move nothing and launch nothing. Dataflow fusion of a script's operators is not
-modelled: a script runs unfused.
+Compute: every aten operator the script runs (forward, backward, optimizer) goes into
+the socket's kernels as it runs (script_kernels.py: each its own kernel, unfused, or
+fused with its neighbours up to the next sync point), and each kernel's time onto the
+compute stream when it ends. FLOPs are what torch's `FlopCounterMode` counts
+(matmul-class operators: mm, addmm, bmm, convolutions, attention); bytes are the
+operators' tensors. Views (transpose, reshape, detach) move nothing and launch nothing.
 
 Streams, as torch DDP on a GPU: a gradient all-reduce issued during backward (DDP's
 bucket hooks) runs on a communication stream from when it is issued (or when the
@@ -35,6 +33,7 @@ from torch.optim.optimizer import (
 from torch.utils.flop_counter import FlopCounterMode
 from torch.utils.hooks import RemovableHandle
 
+from rdurack.node_agent.training.script_kernels import Kernels
 from rdurack.node_agent.training.script_memory import TensorMemory
 from rdurack.rack.clock import EmulatedClock
 
@@ -50,13 +49,13 @@ class Streams:
     def __init__(
         self,
         clock: EmulatedClock,
-        price_s: Callable[[float, float], float],
+        kernels: Kernels,
         slowdown: Callable[[], float] = lambda: 1.0,
     ) -> None:
-        """`price_s(flops, bytes)`: an unfused operator's seconds; `slowdown`: how many
-        times longer the socket's compute takes now (a fault; read at each operator)."""
+        """`kernels`: how operators become kernels and what they take; `slowdown`: how
+        many times longer the socket's compute takes now (a fault; read at each kernel)."""
         self.clock = clock
-        self._price_s = price_s
+        self.kernels = kernels
         self._slowdown = slowdown
         self.comm_free_ns = clock.now_ns  # when the communication stream is free
         self.compute_ns = 0  # operators' time on the compute stream
@@ -67,17 +66,27 @@ class Streams:
         self.step_ends_ns: list[int] = []  # compute stream at each optimizer step's end
         self._paused = 0  # inside a collective: its tensor copies are not compute
 
-    def operator(self, flops: float, nbytes: float) -> None:
-        """One operator ran: its time on the compute stream."""
+    def operator(
+        self, flops: float, inputs: list[torch.Tensor], outputs: list[torch.Tensor]
+    ) -> None:
+        """One operator ran: into the kernels, and the time of any that ended on the
+        compute stream."""
         if self._paused:
             return
         if not in_backward():
             self.settle()
-        began = self.clock.now_ns
-        self.clock.advance(self._price_s(flops, nbytes) * self._slowdown())
-        self.compute_ns += self.clock.now_ns - began
+        self._compute(self.kernels.add(flops, inputs, outputs))
         self.flops += flops
         self.operators += 1
+
+    def flush(self) -> None:
+        """A sync point: the open kernel ends."""
+        self._compute(self.kernels.flush())
+
+    def _compute(self, seconds: float) -> None:
+        began = self.clock.now_ns
+        self.clock.advance(seconds * self._slowdown())
+        self.compute_ns += self.clock.now_ns - began
 
     def settle(self) -> None:
         """The compute stream waits for the communication stream."""
@@ -90,6 +99,7 @@ class Streams:
     def collective(self, op: str) -> Iterator[EmulatedClock]:
         """The clock a collective `op` runs on: a gradient all-reduce issued in backward
         on the communication stream, the rest on the compute stream after it."""
+        self.flush()  # what ran before the collective has ended
         self._paused += 1
         try:
             if op == "all_reduce" and in_backward():
@@ -122,7 +132,13 @@ class Streams:
         finally:
             self._paused -= 1
 
+    def step_began(self) -> None:
+        """An optimizer step begins: it reads every gradient."""
+        self.flush()
+        self.settle()
+
     def step_ended(self) -> None:
+        self.flush()
         self.step_ends_ns.append(self.clock.now_ns)
 
     @property
@@ -154,18 +170,17 @@ class Pricing(FlopCounterMode):
         result = super()._count_flops(func_packet, out, args, kwargs)  # type: ignore[no-untyped-call]
         flops = self.get_total_flops() - before
         backward = in_backward()
-        if backward != self._backward and self.memory is not None and not self.streams.busy:
+        if backward != self._backward and not self.streams.busy:
             self._backward = backward
-            if backward:
-                self.memory.forward_ended()
-            else:
-                self.memory.backward_ended()
+            self.streams.flush()  # forward's kernels end where backward's begin
+            if self.memory is not None:
+                if backward:
+                    self.memory.forward_ended()
+                else:
+                    self.memory.backward_ended()
         if not flops and _is_view(func_packet):
             return result
-        nbytes = sum(t.nbytes for t in _tensors((args, kwargs))) + sum(
-            t.nbytes for t in _tensors(out)
-        )
-        self.streams.operator(float(flops), float(nbytes))
+        self.streams.operator(float(flops), _tensors((args, kwargs)), _tensors(out))
         return result
 
     def __enter__(self) -> Pricing:
@@ -177,7 +192,7 @@ class Pricing(FlopCounterMode):
                 memory.stepped(optimizer)
 
         self._hooks = [
-            register_optimizer_step_pre_hook(lambda *_: streams.settle()),
+            register_optimizer_step_pre_hook(lambda *_: streams.step_began()),
             register_optimizer_step_post_hook(stepped),
         ]
         if memory is not None:
@@ -192,6 +207,7 @@ class Pricing(FlopCounterMode):
         self._saving.__exit__(*exc)
         for h in self._hooks:
             h.remove()
+        self.streams.flush()
         self.streams.settle()
 
 

@@ -116,6 +116,10 @@ class TrainingWorkload(Config):
     # not in segments of steps, so this is that call's bound. A rank still running then
     # fails the job.
     run_timeout_s: float = Field(default=3600.0, gt=0, le=7 * 86400)
+    # How the compute runs: "unfused", "fused-so", "fused-ho"; "": the platform's way
+    # (fused-ho where kernels fuse, as on SN40L; unfused on a GPU). A script's operators
+    # (node_agent/training/script_kernels.py) and a preset's step take it.
+    fusion_plan: Literal["", "unfused", "fused-so", "fused-ho"] = ""
 
     @model_validator(mode="after")
     def _consistent(self) -> TrainingWorkload:
@@ -154,6 +158,13 @@ class TrainingWorkload(Config):
         """How long a call running this job's ranks may take, given `segment_s` for one
         segment of steps: a script or a client's loop runs whole in one call."""
         return self.run_timeout_s + segment_s if self.user_code else segment_s
+
+    def plan(self, platform: PlatformSpec) -> FusionPlan:
+        """The fusion plan the job runs on `platform`."""
+        if self.fusion_plan:
+            return FusionPlan(self.fusion_plan)
+        dataflow = platform.socket.kernels.dataflow_fusion
+        return FusionPlan.FUSED_HO if dataflow else FusionPlan.UNFUSED
 
     @property
     def user_code(self) -> bool:
@@ -274,9 +285,8 @@ def step_cost(
         raise UnknownName("model", w.model, [*NUMPY_MODELS, *sorted(models)])
     m = models[w.model]
     p = Predictor(platform)
-    dataflow = platform.socket.kernels.dataflow_fusion
-    plan = FusionPlan.FUSED_HO if dataflow else FusionPlan.UNFUSED
-    compute = p.step(m, Phase.TRAIN, plan, w.local_batch, w.sequence_length, 1).total_s
+    compute = p.step(m, Phase.TRAIN, w.plan(platform), w.local_batch, w.sequence_length, 1)
+    compute_s = compute.total_s
     grad_bytes = m.bytes_per_param
     layers = [(f"layers.{i}", m.layer_params, grad_bytes) for i in range(m.layers)]
     buckets = assign_buckets(
@@ -291,7 +301,7 @@ def step_cost(
         optimizer=m.params * state,
         activations=ceil(m.layers * per_layer),
     )
-    return StepCost(compute / 3, 2 * compute / 3, tuple(x.nbytes for x in buckets), memory)
+    return StepCost(compute_s / 3, 2 * compute_s / 3, tuple(x.nbytes for x in buckets), memory)
 
 
 def _numpy_cost(w: TrainingWorkload, platform: PlatformSpec) -> StepCost:

@@ -16,8 +16,10 @@ from rdurack.errors import LinkFailure
 from rdurack.node_agent.collective_engine import CollectiveMismatch
 from rdurack.node_agent.socket import Socket
 from rdurack.node_agent.training.process_group import RankLinks, RduProcessGroup
+from rdurack.node_agent.training.script_kernels import Unfused
 from rdurack.node_agent.training.script_time import Streams
 from rdurack.rack.presets import platform
+from rdurack.rack.timing import Timer
 
 T = TypeVar("T")
 RACK = platform("sn40l-rack16")
@@ -45,7 +47,7 @@ def groups(sockets: list[Socket], wall_timeout_s: float = 10.0) -> list[RduProce
     return [
         RduProcessGroup(
             RankLinks(
-                s.engine, Streams(s.clock, lambda flops, nbytes: 0.0), JOB, GROUP, wall_timeout_s
+                s.engine, Streams(s.clock, Unfused(Timer(RACK, [s.id]))), JOB, GROUP, wall_timeout_s
             ),
             range(len(GROUP)),
             r,

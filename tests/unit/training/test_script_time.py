@@ -6,10 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rdurack.errors import OutOfMemory
+from rdurack.errors import InvalidRequest, OutOfMemory
+from rdurack.node_agent.training.script_kernels import Fused, Unfused
 from rdurack.node_agent.training.script_memory import TensorMemory
 from rdurack.node_agent.training.script_time import Pricing, Streams
 from rdurack.rack.clock import EmulatedClock
+from rdurack.rack.kernels import FusionPlan
 from rdurack.rack.memory import TieredMemory
 from rdurack.rack.presets import platform
 from rdurack.rack.timing import Timer
@@ -19,8 +21,18 @@ from rdurack.workloads.training.memory import MemoryAccount
 OP_NS = 100  # every operator takes 100 ns in these tests (the clock may round up 1 ns)
 
 
+class EachOp:
+    """Every operator a kernel of OP_NS."""
+
+    def add(self, flops: float, inputs: list[torch.Tensor], outputs: list[torch.Tensor]) -> float:
+        return OP_NS * 1e-9
+
+    def flush(self) -> float:
+        return 0.0
+
+
 def streams() -> Streams:
-    return Streams(EmulatedClock(0), lambda flops, nbytes: OP_NS * 1e-9)
+    return Streams(EmulatedClock(0), EachOp())
 
 
 def test_matmuls_count_their_flops_and_views_cost_nothing() -> None:
@@ -38,7 +50,7 @@ def test_matmuls_count_their_flops_and_views_cost_nothing() -> None:
 def test_an_operator_costs_the_sockets_unfused_roofline() -> None:
     rack = platform("sn40l-rack16")
     timer = Timer(rack, [SocketId.parse("rdu-n0-s0")])
-    s = Streams(EmulatedClock(0), timer.unfused_s)
+    s = Streams(EmulatedClock(0), Unfused(timer))
     a = torch.ones(512, 512)
     with Pricing(s):
         a @ a
@@ -121,3 +133,41 @@ def test_a_step_that_outgrows_the_jobs_cap_fails_with_out_of_memory() -> None:
     net = torch.nn.Linear(1000, 1)  # 4,004 bytes of weights
     with pytest.raises(OutOfMemory, match="cap of 1,000 bytes"), Pricing(s, mem):
         net(torch.ones(1, 1000)).sum().backward()
+
+
+def test_fused_kernels_keep_intermediates_on_chip_and_end_at_sync_points() -> None:
+    rack = platform("sn40l-rack16")
+    timer = Timer(rack, [SocketId.parse("rdu-n0-s0")])
+    net = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.GELU(), torch.nn.Linear(256, 256))
+    x = torch.ones(64, 256)
+
+    def step(kernels: Unfused | Fused) -> Streams:
+        s = Streams(EmulatedClock(0), kernels)
+        with Pricing(s):
+            net(x).sum().backward()
+        return s
+
+    unfused = step(Unfused(timer))
+    fused_kernels = Fused(timer, FusionPlan.FUSED_HO, rack.socket.sram.capacity_bytes)
+    fused = step(fused_kernels)
+    assert fused.flops == unfused.flops > 0  # the same work
+    # Forward, then backward: two kernels, not one per operator.
+    assert fused_kernels.kernels == 2 and unfused.operators > 10
+    assert fused.compute_ns < unfused.compute_ns
+
+
+def test_a_fused_kernel_that_outgrows_sram_spills_into_the_next() -> None:
+    rack = platform("sn40l-rack16")
+    timer = Timer(rack, [SocketId.parse("rdu-n0-s0")])
+    small = Fused(timer, FusionPlan.FUSED_HO, sram_bytes=4 * 64 * 64)  # one 64 x 64 output
+    s = Streams(EmulatedClock(0), small)
+    a = torch.ones(64, 64)
+    with Pricing(s):
+        (a @ a) @ a  # two outputs of 16 KiB each: the second does not fit with the first
+    assert small.kernels == 2
+
+
+def test_a_gpu_runs_no_fused_kernels() -> None:
+    timer = Timer(platform("dgx-h100"), [SocketId.parse("rdu-n0-s0")])
+    with pytest.raises(InvalidRequest, match="no dataflow kernels"):
+        timer.fused_s(1.0, 1.0, FusionPlan.FUSED_SO)
