@@ -247,7 +247,7 @@ class ScriptRank:
         timer = Timer(platform, [SocketId.parse(host.name)])
         kernels = kernels_for(timer, w.plan(platform))
         streams = Streams(host.clock, kernels, lambda: host.slowdown)
-        checks = Checks(host.engine, job_id, list(group), rank, w.wall_timeout_s)
+        checks = Checks(host.engine, job_id, list(group), rank, w.wall_timeout_s, w.timeout_s)
         self.links = RankLinks(host.engine, streams, job_id, list(group), w.wall_timeout_s, checks)
         self.rank = rank
         self.w = w

@@ -14,8 +14,8 @@ Mistakes that cannot train stop the rank with an error that names them:
   the job's (larger: ranks would share sockets);
 - wrong-rank: the rank passed is not this process's RANK;
 - straggler-timeout: a rank reached a step's first gradient all-reduce later than the
-  process group's timeout after the first rank (emulated seconds: the time NCCL's
-  watchdog would have waited on the hardware).
+  process group's timeout (or the job's timeout_s, whichever is shorter) after the first
+  rank (emulated seconds: the time NCCL's watchdog would have waited on the hardware).
 
 The ranks compare what they hold by digests exchanged on a scratch engine and clock:
 bookkeeping the hardware does not do, so no emulated time and no link traffic.
@@ -72,6 +72,9 @@ class Checks:
     sockets: list[str]
     rank: int
     wall_timeout_s: float
+    # The job's bound on lateness, emulated seconds (its timeout_s, --timeout-s); the
+    # process group's timeout bounds it too, whichever is shorter.
+    late_s: float = float("inf")
     diagnostics: list[dict[str, Any]] = field(default_factory=list)
     saved: list[str] = field(default_factory=list)  # files torch.save wrote, resolved
     steps: int = 0  # optimizer steps so far
@@ -115,13 +118,15 @@ class Checks:
         arrived = self._exchange("arrival", np.array([clock.now_ns], dtype=np.int64))
         late = int(np.argmax(arrived))
         late_s = float(arrived[late] - arrived.min()) * 1e-9
-        if late_s > timeout_s:
+        bound = min(timeout_s, self.late_s)
+        if late_s > bound:
+            whose = "the process group's" if timeout_s <= self.late_s else "the job's (--timeout-s)"
             raise ScriptMistake(
                 STRAGGLER_TIMEOUT,
                 f"rank {late} ({self.sockets[late]}) reached the gradient all-reduce of step "
-                f"{self.steps + 1} {late_s:.6g} emulated s after the first rank; the process "
-                f"group's timeout is {timeout_s:.6g} s. Raise init_process_group's timeout "
-                "above the slowest rank's lag, or find why that socket is slow",
+                f"{self.steps + 1} {late_s:.6g} emulated s after the first rank; {whose} "
+                f"timeout is {bound:.6g} s. Raise it above the slowest rank's lag, or find "
+                "why that socket is slow",
             )
         if not self._samples_checked:
             self._samples_checked = True

@@ -156,6 +156,9 @@ def training_result(
     if script:  # a script's own steps: what each rank measured (node_agent/.../runner.py)
         steps = script[0]["steps"]
         step_s = max(x["step_time_s"] for x in script)
+        # The all-reduce and its exposed part of one rank, the one that waited least
+        # (as for the built-in jobs).
+        least = min(script, key=lambda x: x["allreduce_s"])
     diagnostics: list[TrainingDiagnostic] = []
     for r in reports:  # the same finding on many ranks is one diagnostic
         for d in r.result.get("diagnostics", []):
@@ -172,7 +175,7 @@ def training_result(
         samples_per_s=steps * w.global_batch / emulated_s if emulated_s and not script else 0.0,
         # What a step takes beyond a rank's compute: the all-reduce backward did not
         # hide, and any wait for a straggler.
-        exposed_allreduce_s=max(x["exposed_allreduce_s"] for x in script)
+        exposed_allreduce_s=least["exposed_allreduce_s"]
         if script
         else max(0.0, step_s - per(first.compute_ns)),
         step_time_s=step_s,
@@ -183,9 +186,7 @@ def training_result(
         compute_s=script[0]["compute_s"] if script else per(first.compute_ns),
         # The rank that waited least: its communication stream's all-reduce time, not
         # counting waits for late peers (the root of the initial broadcast runs ahead).
-        allreduce_s=min(x["allreduce_s"] for x in script)
-        if script
-        else per(min(r.all_reduce_ns for r in reports)),
+        allreduce_s=least["allreduce_s"] if script else per(min(r.all_reduce_ns for r in reports)),
         world_size=w.world_size,
         start_step=first.result.get("start_step", 0),
         checkpoints=tuple(c for r in reports for c in r.result.get("checkpoints", [])),
