@@ -5,8 +5,8 @@ socket's emulated clock as the link model says.
 A rank's script calls `dist.init_process_group(backend="rdu")`; torch then calls the
 factory `register(links)` registered for this job, once for the default group and once
 for each `new_group`, with the group's global ranks. Each collective runs at once, in
-the call, on the rank's thread: a failure (a peer that never arrives within the group's
-`timeout`, a link down, a peer that issued another collective in that place) raises
+the call, on the rank's thread: a failure (a peer that never arrives within the job's
+`wall_timeout_s`, a link down, a peer that issued another collective in that place) raises
 from the call. That is where torch's C++ sees it: a DDP backward that all-reduces
 raises from `loss.backward()`. (A torch Future completed with an exception crashes
 DDP's reducer, and one that fails only in `Work.wait()` never reaches backward: the
