@@ -324,7 +324,6 @@ class NodeAgent:
                 "steps": steps,
                 "start_ns": start_ns,
                 "checkpoint_dir": checkpoint_dir,
-                "loop": workload.loop,
             },
             timeout_s=workload.call_timeout_s(self.call_timeout_s),
         )

@@ -319,7 +319,6 @@ class Socket(Serving):
         steps: int = 0,
         start_ns: int | None = None,
         checkpoint_dir: str = "",
-        loop: bytes = b"",
         carrier: dict[str, str] | None = None,
     ) -> RankReport:
         """Run up to `steps` more steps (0: to the end) of this socket's DDP rank of
@@ -331,7 +330,7 @@ class Socket(Serving):
             from rdurack.node_agent.training.runner import RankRunner  # see the imports
 
             self._trainer = RankRunner(
-                self, job_id, workload, platform_name, group, self._models, checkpoint_dir, loop
+                self, job_id, workload, platform_name, group, self._models, checkpoint_dir
             )
         self._pacer.meet(start_ns)
         report = self._trainer.advance(steps, self._trace, extract(carrier), start_ns)

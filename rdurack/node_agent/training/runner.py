@@ -63,7 +63,6 @@ class RankRunner:
         group: list[str],
         models: dict[str, ModelSpec],
         checkpoint_dir: str = "",
-        loop: bytes = b"",
     ) -> None:
         if socket.name not in group:
             raise InvalidRequest(f"{socket.name} is not a rank of {group}")
@@ -89,7 +88,6 @@ class RankRunner:
         self.backend.set_timeout(w.timeout_s)
         self.recorder = RankRecorder(self.rank, w.blocks)
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else None
-        self._loop = loop
         self._script: ScriptRank | None = None
         self._start_ns = socket.clock.now_ns
         self._steps: Generator[StepInfo, None, RankResult | None] | None = None
@@ -99,9 +97,9 @@ class RankRunner:
         self.account = MemoryAccount(self.memory, f"{job_id}/train/", w.hbm_cap_bytes)
         # The built-in loop accounts its own arrays; a script or a client's function
         # holds its tensors as it runs (script_memory.py); a preset holds the plan.
-        self._accounted = w.functional and not loop and not w.script
+        self._accounted = w.functional and not w.user_code
         if not self._accounted:
-            if not (w.script or loop):
+            if not w.user_code:
                 self.account.place(
                     {
                         part: (Tier.HBM, nbytes)
@@ -136,7 +134,7 @@ class RankRunner:
         losses: list[float] = []
         if self._result is not None:
             return losses
-        if self.w.script or self._loop:
+        if self.w.user_code:
             self._result = self._run_script()
             return losses
         if self._steps is None:

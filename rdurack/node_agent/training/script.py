@@ -101,10 +101,17 @@ class Rendezvous:
         self.store = None  # the server stops (and closes its socket) with its last reference
 
 
+def node_ranks(sockets: Sequence[str], rank: int) -> list[str]:
+    """The sockets of rank `rank`'s node among `sockets`, in rank order (its index there
+    is torchrun's LOCAL_RANK)."""
+    node = SocketId.parse(sockets[rank]).node
+    return [s for s in sockets if SocketId.parse(s).node == node]
+
+
 def rank_environment(sockets: Sequence[str], rank: int, rendezvous: Rendezvous) -> dict[str, str]:
     """What torchrun sets for rank `rank` of a job on `sockets` (by rank)."""
     me = SocketId.parse(sockets[rank])
-    local = [s for s in sockets if SocketId.parse(s).node == me.node]
+    local = node_ranks(sockets, rank)
     return {
         "RANK": str(rank),
         "WORLD_SIZE": str(len(sockets)),
@@ -145,7 +152,7 @@ class RankRun:
     def function(self, fn: Callable[[TrainContext], Any]) -> Any:
         """Run a client's function `fn(ctx)` (run_training_loop's); its return value."""
         links, rank = self.links, self.rank
-        local = int(rank_environment(links.sockets, rank, self.rendezvous)["LOCAL_RANK"])
+        local = node_ranks(links.sockets, rank).index(links.sockets[rank])
         ctx = TrainContext(
             rank, len(links.sockets), local, links.sockets[rank], work_dir(self.job_dir)
         )

@@ -74,7 +74,8 @@ class TensorMemory:
 
     def breakdown(self) -> dict[str, Any]:
         """The most each part held (TrainingMemory's fields), and the most at once."""
-        parts = {p: self.peaks.get(p, 0) for p in ("weights", "gradients", "optimizer")}
-        parts["activations"] = self.peaks.get("activations", 0)
+        parts = {
+            p: self.peaks.get(p, 0) for p in ("weights", "gradients", "optimizer", "activations")
+        }
         parts["total"] = self.account.window_peaks()[Tier.HBM.value]
         return parts
