@@ -315,6 +315,8 @@ def register(links: RankLinks) -> None:
     """Make `init_process_group(backend="rdu")` and `new_group` in this process build
     groups over `links` (the rank this process runs now; a later job re-registers)."""
 
+    made: dict[str, int] = {}  # this job's groups so far, by their ranks
+
     def create(opts: Any, _backend_opts: Any) -> RduProcessGroup:
         if not opts.global_ranks_in_group and links.checks is not None:  # the default group
             links.checks.group_made(opts.group_size, opts.group_rank)
@@ -324,9 +326,13 @@ def register(links: RankLinks) -> None:
                 f"a process group of {opts.group_size} ranks on a job of "
                 f"{len(links.sockets)} sockets"
             )
-        return RduProcessGroup(
-            links, ranks, opts.group_rank, str(opts.group_id), opts.timeout.total_seconds()
-        )
+        # Named by its ranks and how many groups of them this job made: the same on every
+        # member (all call new_group in the same order). torch's own group name counts
+        # the groups of the process, whose earlier jobs differ between sockets.
+        key = ",".join(map(str, ranks))
+        made[key] = made.get(key, 0) + 1
+        name = f"{key}#{made[key]}"
+        return RduProcessGroup(links, ranks, opts.group_rank, name, opts.timeout.total_seconds())
 
     dist.Backend.register_backend(NAME, create, extended_api=True, devices=["cpu"])
 

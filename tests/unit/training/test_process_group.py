@@ -156,3 +156,32 @@ def test_ranks_issuing_different_collectives_fail_at_once_naming_both(
     assert "all_reduce" in message and "broadcast" in message and "same order" in message
     for s in sockets:  # what the failed collectives left must not meet the next job
         s.engine._endpoint.mailbox.reset()
+
+
+def test_a_groups_name_is_the_same_on_every_rank_whatever_each_process_ran_before(
+    sockets: list[Socket],
+) -> None:
+    """torch numbers groups per process; ranks whose processes ran other jobs before
+    must still name (and tag) the job's groups alike, or their collectives never meet."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+    from torch._C._distributed_c10d import _DistributedBackendOptions
+
+    from rdurack.node_agent.training.process_group import register
+
+    def group(process_groups_before: int, ranks: list[int]) -> str:
+        s = sockets[0]
+        register(RankLinks(s.engine, Streams(s.clock, Unfused(Timer(RACK, [s.id]))), JOB, GROUP))
+        create = dist.Backend._plugins["RDU"].creator_fn
+        made = ""
+        for n in range(2):  # the job's first and second group of these ranks
+            opts = _DistributedBackendOptions()
+            opts.group_rank, opts.group_size = 0, len(ranks)
+            opts.timeout = timedelta(seconds=60)
+            opts.group_id = str(process_groups_before + n)  # torch's per-process count
+            opts.global_ranks_in_group = ranks
+            made += create(opts, None).group_name_ + ";"
+        return made
+
+    assert group(0, [0, 1]) == group(7, [0, 1]) == "0,1#1;0,1#2;"
