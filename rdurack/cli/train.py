@@ -15,7 +15,7 @@ from rdurack.client.connection import Target
 from rdurack.client.jobs import JobClient
 from rdurack.errors import InvalidRequest
 from rdurack.v1 import job_pb2
-from rdurack.workloads.training.job import MAX_LOOP_BYTES, NUMPY_MODELS
+from rdurack.workloads.training.job import BUILT_IN_MODELS, MAX_LOOP_BYTES
 
 
 def submit_train_cmd(
@@ -42,7 +42,7 @@ def submit_train_cmd(
     no_sampler: Annotated[
         bool, typer.Option("--no-sampler", help="the article's mistake: no DistributedSampler")
     ] = False,
-    hidden: Annotated[int, typer.Option(min=1, help="the numpy model's hidden width")] = 64,
+    hidden: Annotated[int, typer.Option(min=1, help="the built-in model's hidden width")] = 64,
     blocks: Annotated[
         int, typer.Option(min=1, help="the mlp's hidden layers (progressive: its blocks)")
     ] = 1,
@@ -111,7 +111,7 @@ def submit_train_cmd(
     )
     if no_broadcast:
         training.broadcast_parameters = False
-    functional = model in NUMPY_MODELS  # a numpy model trains on real data
+    functional = model in BUILT_IN_MODELS  # a built-in model trains on real data
     if script is not None:
         training = script_job(script, script_args, world_size, timeout_s, run_timeout_s)
         training.fusion_plan = fusion_plan

@@ -27,7 +27,7 @@ from rdurack.rack.spec import Tier
 from rdurack.v1 import common_pb2, job_pb2, job_pb2_grpc
 from rdurack.wire import training as training_convert
 from rdurack.workloads.training.checkpoint import latest, load
-from rdurack.workloads.training.job import TrainingWorkload, numpy_plan, predict_scaling
+from rdurack.workloads.training.job import TrainingWorkload, built_in_plan, predict_scaling
 from rdurack.workloads.training.loop import train_threaded
 from rdurack.workloads.training.shrunken import largest_shrunken
 from tests.support.agents import ServedAgent, start_agents, stop_agents
@@ -216,7 +216,7 @@ def test_progressive_training_runs_under_a_cap_full_training_cannot_meet(
     err = refused.value
     details = err.details() or ""
     assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, details
-    asked = numpy_plan(PROFL, rack).peak(Tier.HBM)
+    asked = built_in_plan(PROFL, rack).peak(Tier.HBM)
     assert f"HBM cannot hold {asked:,} bytes" in details
     assert f"{HBM_CAP:,} bytes free" in details and "hbm_cap_bytes" in details
 
@@ -237,7 +237,7 @@ def test_progressive_training_runs_under_a_cap_full_training_cannot_meet(
     assert prog.peak_hbm_bytes <= HBM_CAP < full.peak_hbm_bytes
     assert prog.peak_hbm_bytes <= 0.6 * full.peak_hbm_bytes, (prog.peak_hbm_bytes, asked)
     assert prog.peak_ddr_bytes > 0 == full.peak_ddr_bytes  # blocks not yet grown wait in DDR
-    plan = numpy_plan(progressive, rack)
+    plan = built_in_plan(progressive, rack)
     assert [s.peak_hbm_bytes for s in prog.stages] == [p.peak_bytes["hbm"] for p in plan.stages]
     # Shrinking back to front, then growing front to back; the steps add up.
     assert [s.name for s in prog.stages] == [f"shrink block {i}" for i in (3, 2, 1, 0)] + [
@@ -248,11 +248,11 @@ def test_progressive_training_runs_under_a_cap_full_training_cannot_meet(
     assert [s.name for s in full.stages] == ["full"] and full.steps_completed == 30 * 21
 
     # Accuracy within 2 points of full training. Against the shrunken model the paper
-    # reports a win; on digits the two are within a point of each other, either way
-    # round by seed (docs/training.md), so only that is asserted, not a win.
+    # reports a win; on digits the two are close, either way round by seed (on threads,
+    # seeds 0-4: -1.1 to +2.9 points; docs/training.md), so only that is asserted.
     assert prog.test_accuracy >= full.test_accuracy - 0.02, (prog.test_accuracy, full.test_accuracy)
     assert base.peak_hbm_bytes == shrunk.peak_hbm_bytes <= HBM_CAP
-    assert abs(prog.test_accuracy - base.test_accuracy) <= 0.01, base.test_accuracy
+    assert abs(prog.test_accuracy - base.test_accuracy) <= 0.03, base.test_accuracy
     view = job_dict(jobs["progressive"])  # what `rdu submit train --json` prints
     assert view["strategy"] == "progressive" and len(view["stages"]) == 8
     assert view["stages"][-1]["peak_hbm_bytes"] == prog.stages[-1].peak_hbm_bytes

@@ -288,7 +288,7 @@ def test_ranks_that_resume_trace_the_checkpoint_they_load(
         assert len(loads) == 1
         a = _a(loads[0])
         assert a[names.ATTR_STEP] == 3 and a[names.ATTR_RANK] == rank
-        assert Path(a[names.ATTR_CHECKPOINT_PATH]).name == "ckpt-00000003.npz"
+        assert Path(a[names.ATTR_CHECKPOINT_PATH]).name == "ckpt-00000003.pt"
         steps = _named(done, names.SPAN_TRAIN_STEP, sid)
         assert [_a(s)[names.ATTR_STEP] for s in steps] == [4, 5, 6]
         assert _end(loads[0]) <= _start(steps[0])  # loaded before the first step

@@ -292,7 +292,7 @@ def test_impossible_training_jobs_are_refused_before_they_are_stored(
         orch.submit(JobSpec(payload_mode="functional", workload=capped))
     assert (err.value.tier, err.value.asked_bytes, err.value.free_bytes) == (
         "hbm",
-        228_600,
+        228_732,
         128_000,
     )
     assert orch.jobs() == []

@@ -130,7 +130,7 @@ OLD_TRAINING: dict[str, Any] = {
     "allreduce_s": 0.004,
     "world_size": 2,
     "start_step": 0,
-    "checkpoints": ["/ck/step-40.npz"],
+    "checkpoints": ["/ck/ckpt-00000040.pt"],
     "platform": "sn40l-rack16",
     "model": "(client loop)",
     "loop_results": [base64.b64encode(b"\x80\xff+/").decode()] * 2,

@@ -1,7 +1,7 @@
 """`RankRunner`: one rank of one training job on a socket, run in segments of steps
 (the orchestrator sees progress between them), each segment traced.
 
-What it runs: the built-in loop (workloads/training/loop.py) for numpy models, its
+What it runs: the built-in loop (workloads/training/loop.py) for the built-in models, its
 passes timed on the socket's clock (training/timed.py); a timing-only loop of the same
 shape for model presets (DDP's traffic and compute as descriptors, no numbers); or, once,
 a torchrun-style script or a client's own function (training/script.py, over the "rdu"
@@ -36,9 +36,7 @@ from rdurack.rack.models import ModelSpec
 from rdurack.rack.presets import platform as preset
 from rdurack.rack.spec import PlatformSpec, Tier
 from rdurack.workloads.training.job import RankReport, TrainingWorkload, model_cost, step_cost
-from rdurack.workloads.training.loop import train_steps
 from rdurack.workloads.training.memory import MemoryAccount
-from rdurack.workloads.training.models import Model
 from rdurack.workloads.training.rank import (
     CheckpointEvent,
     RankContext,
@@ -47,8 +45,10 @@ from rdurack.workloads.training.rank import (
     StepInfo,
 )
 
-if TYPE_CHECKING:  # script.py imports torch: the runner imports it where a script runs
+if TYPE_CHECKING:  # torch: the runner imports it where a built-in model, a script or a
+    # client's function runs
     from rdurack.node_agent.training.script import ScriptRank
+    from rdurack.workloads.training.models import Model
 
 
 class RankRunner:
@@ -224,6 +224,8 @@ class RankRunner:
         self.recorder.checkpoint(event, self.socket.clock.now_ns)
 
     def _functional(self, ctx: RankContext) -> Generator[StepInfo, None, RankResult | None]:
+        from rdurack.workloads.training.loop import train_steps  # torch: see _run_script
+
         result = yield from train_steps(ctx, self.w.train_spec(resume=True))
         self.backend.settle()
         return result
@@ -251,9 +253,10 @@ class RankRunner:
                 "a script job needs a job directory: start the orchestrator with a "
                 "checkpoint directory (its ranks share a working folder there)"
             )
-        # torch only where a job runs a script or a function: importing it takes a
-        # socket about a second of CPU, which 32 sockets starting a numpy job at once on
-        # two cores cannot spare (their agents' heartbeats starved).
+        # torch only where a job runs torch (a built-in model, a script, a function),
+        # not for a preset's timing-only job: importing it takes a socket about a second
+        # of CPU, which 32 sockets at once on two cores can hardly spare (their agents'
+        # heartbeats starved once).
         from rdurack.node_agent.training.script import ScriptRank
         from rdurack.node_agent.training.script_memory import TensorMemory
 

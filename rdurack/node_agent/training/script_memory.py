@@ -24,6 +24,7 @@ import torch
 
 from rdurack.rack.spec import Tier
 from rdurack.workloads.training.memory import MemoryAccount
+from rdurack.workloads.training.models import activation, optimizer_bytes
 
 
 class TensorMemory:
@@ -43,9 +44,9 @@ class TensorMemory:
 
     def pack(self, t: torch.Tensor) -> torch.Tensor:
         """autograd saves `t` for backward (a saved-tensor hook)."""
-        base = t._base if t._base is not None else t  # a weight's view (weight.t())
-        if not isinstance(base, torch.nn.Parameter):
-            self._saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        found = activation(t)
+        if found is not None:
+            self._saved[found[0]] = found[1]
         return t
 
     def forward_ended(self) -> None:
@@ -60,12 +61,7 @@ class TensorMemory:
 
     def stepped(self, optimizer: torch.optim.Optimizer) -> None:
         """`optimizer` stepped: its state now exists."""
-        self._optimizers[id(optimizer)] = sum(
-            v.untyped_storage().nbytes()
-            for state in optimizer.state.values()
-            for v in state.values()
-            if isinstance(v, torch.Tensor)
-        )
+        self._optimizers[id(optimizer)] = optimizer_bytes(optimizer)
         self._hold("optimizer", sum(self._optimizers.values()))
 
     def _hold(self, part: str, nbytes: int) -> None:

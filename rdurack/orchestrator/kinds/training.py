@@ -28,7 +28,7 @@ from rdurack.rack.spec import PlatformSpec
 from rdurack.telemetry import names
 from rdurack.workloads.training.diagnostics import EVERY_RANK_CHECKPOINTS
 from rdurack.workloads.training.job import (
-    NUMPY_MODELS,
+    BUILT_IN_MODELS,
     RankReport,
     TrainingWorkload,
     check_fits,
@@ -73,11 +73,11 @@ class TrainingKind:
                 )
         elif w.functional != functional:
             mode = "FUNCTIONAL" if w.functional else "TIMING"
-            kind = "a small real numpy model" if w.functional else "a model preset, timed only"
+            kind = "a small real torch model" if w.functional else "a model preset, timed only"
             presets = ", ".join(sorted(self.context.models))
             raise InvalidRequest(
                 f"spec.payload_mode: {w.model!r} is {kind}: run it in {mode} mode "
-                f"(numpy models: {', '.join(NUMPY_MODELS)}; presets: {presets})"
+                f"(built-in models: {', '.join(BUILT_IN_MODELS)}; presets: {presets})"
             )
         if not w.user_code:  # the user's code holds what its tensors hold, as it runs
             check_fits(w, platform, step_cost(w, platform, self.context.models))

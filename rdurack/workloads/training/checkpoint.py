@@ -1,8 +1,8 @@
 """Training checkpoints: rank 0 writes, every rank loads onto its own device.
 
-A checkpoint is one `.npz` file, `ckpt-<step>.npz`, holding the model parameters, the
-optimizer state, the step and epoch, the training RNG's state and the socket it was
-saved from. The article's two checkpoint mistakes are handled here:
+A checkpoint is one `torch.save` file, `ckpt-<step>.pt`, holding the model parameters,
+the optimizer's `state_dict()`, the step and epoch, the training RNG's state and the
+socket it was saved from. The article's two checkpoint mistakes are handled here:
 
 - every rank writing: `save` writes only on rank 0; on any other rank it is a no-op
   that returns None, so a script may call it on every rank (as `if rank == 0:` would);
@@ -13,12 +13,12 @@ saved from. The article's two checkpoint mistakes are handled here:
 
 Writes are atomic (a temporary file in the same directory, fsync, `os.replace`), so a
 crash leaves either the previous checkpoints or a complete new one, never half a file;
-`latest` also skips anything it cannot read. Arrays load with `allow_pickle=False`.
+`latest` also skips anything it cannot read. Files load with torch's
+`weights_only=True` (tensors and plain containers: no code runs on load).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import threading
@@ -27,18 +27,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
+import torch
 
 from rdurack.errors import InvalidRequest
 from rdurack.rack.topology import SocketId
 from rdurack.workloads.training.arrays import Params
-from rdurack.workloads.training.optim import StateDict
 
-FORMAT = "rdurack-ddp-checkpoint/1"
-_NAME = re.compile(r"^ckpt-(\d+)\.npz$")
-_PARAM = "param/"  # npz keys: param/<name>
-_OPTIM = "optim/"  # npz keys: optim/<param name>/<buffer name>
-_META = "meta"  # a JSON string: step, epoch, rng, optimizer hyperparameters, device
+FORMAT = "rdurack-ddp-checkpoint/2"
+_NAME = re.compile(r"^ckpt-(\d+)\.pt$")
 
 
 @dataclass(slots=True)
@@ -46,7 +42,7 @@ class TrainingState:
     """What a checkpoint holds."""
 
     params: Params  # model parameters by name
-    optimizer: StateDict  # an optimizer's state_dict()
+    optimizer: dict[str, Any]  # a torch optimizer's state_dict()
     step: int  # optimizer steps done
     epoch: int  # the epoch that step belongs to
     rng: dict[str, Any] | None = None  # np.random.Generator.bit_generator.state
@@ -56,14 +52,17 @@ class TrainingState:
 
 def state_bytes(state: TrainingState) -> int:
     """Bytes of the arrays a checkpoint holds: parameters and optimizer state."""
-    arrays = [*state.params.values()]
-    for buffers in state.optimizer.get("state", {}).values():
-        arrays += [np.asarray(v) for v in buffers.values()]
-    return sum(int(a.nbytes) for a in arrays)
+    tensors = [
+        v
+        for buffers in state.optimizer.get("state", {}).values()
+        for v in buffers.values()
+        if isinstance(v, torch.Tensor)
+    ]
+    return sum(p.nbytes for p in state.params.values()) + sum(t.nbytes for t in tensors)
 
 
 def checkpoint_name(step: int) -> str:
-    return f"ckpt-{step:08d}.npz"
+    return f"ckpt-{step:08d}.pt"
 
 
 def _socket(value: str | SocketId, what: str) -> str:
@@ -74,7 +73,7 @@ def _socket(value: str | SocketId, what: str) -> str:
 
 
 def save(directory: str | Path, state: TrainingState, *, rank: int) -> Path | None:
-    """Write `state` as `directory/ckpt-<step>.npz` if `rank` is 0; the path written, or
+    """Write `state` as `directory/ckpt-<step>.pt` if `rank` is 0; the path written, or
     None on any other rank (which writes nothing: one writer, no N-way write traffic,
     no ranks overwriting each other). `state.device` is the socket rank 0 saves from."""
     if rank != 0:
@@ -86,27 +85,23 @@ def save(directory: str | Path, state: TrainingState, *, rank: int) -> Path | No
     device = _socket(state.device, "checkpoint device")
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    arrays: dict[str, Any] = {f"{_PARAM}{name}": p for name, p in state.params.items()}
-    for name, buffers in state.optimizer.get("state", {}).items():
-        for key, value in buffers.items():
-            arrays[f"{_OPTIM}{name}/{key}"] = np.asarray(value)
-    meta = {
+    payload = {
         "format": FORMAT,
+        "params": {name: torch.from_numpy(p) for name, p in state.params.items()},
+        "optimizer": state.optimizer,
         "step": state.step,
         "epoch": state.epoch,
         "rng": state.rng,
         "device": device,
-        "param_groups": state.optimizer.get("param_groups", []),
         "extra": state.extra,
     }
-    arrays[_META] = np.array(json.dumps(meta))
     final = directory / checkpoint_name(state.step)
     # Same directory (os.replace is atomic only within one file system); a name that
     # `latest` ignores, unique per process and thread.
     tmp = directory / f".{final.name}.tmp-{os.getpid()}-{threading.get_ident()}"
     try:
         with open(tmp, "wb") as f:
-            np.savez(f, **arrays)
+            torch.save(payload, f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, final)
@@ -137,44 +132,32 @@ def load(
     from, which is refused unless that is `device` (torch's every-rank-on-cuda:0)."""
     own = _socket(device, "load: device")
     path = Path(path)
-    with np.load(path, allow_pickle=False) as npz:
-        if _META not in npz.files:
-            raise InvalidRequest(f"{path} is not a training checkpoint (no metadata)")
-        meta = json.loads(str(npz[_META]))
-        if meta.get("format") != FORMAT:
-            raise InvalidRequest(f"{path}: unknown checkpoint format {meta.get('format')!r}")
-        saved_on = str(meta["device"])
-        if map_location is None:
-            if saved_on != own:
-                raise InvalidRequest(
-                    f"loading {path.name} without map_location would put its tensors on "
-                    f"{saved_on} (where rank 0 saved it), not on this rank's {own}: every "
-                    f"rank would land on {saved_on}; pass map_location={own!r}"
-                )
-            target = own
-        else:
-            target = _socket(map_location, "load: map_location")
-            if target != own:
-                raise InvalidRequest(
-                    f"map_location {target} is not this rank's device {own}: each rank "
-                    f"loads onto its own socket; pass map_location={own!r}"
-                )
-        params: Params = {}
-        optim_state: dict[str, dict[str, Any]] = {}
-        for key in npz.files:
-            if key.startswith(_PARAM):
-                params[key[len(_PARAM) :]] = npz[key]
-            elif key.startswith(_OPTIM):
-                name, _, buffer = key[len(_OPTIM) :].rpartition("/")
-                optim_state.setdefault(name, {})[buffer] = npz[key]
-    groups = [dict(g) for g in meta["param_groups"]]
-    for g in groups:  # JSON turned tuples into lists
-        for k, v in g.items():
-            if isinstance(v, list):
-                g[k] = tuple(v)
+    try:
+        meta = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise InvalidRequest(f"{path} is not a readable training checkpoint: {e}") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        found = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
+        raise InvalidRequest(f"{path}: unknown checkpoint format {found!r}")
+    saved_on = str(meta["device"])
+    if map_location is None:
+        if saved_on != own:
+            raise InvalidRequest(
+                f"loading {path.name} without map_location would put its tensors on "
+                f"{saved_on} (where rank 0 saved it), not on this rank's {own}: every "
+                f"rank would land on {saved_on}; pass map_location={own!r}"
+            )
+        target = own
+    else:
+        target = _socket(map_location, "load: map_location")
+        if target != own:
+            raise InvalidRequest(
+                f"map_location {target} is not this rank's device {own}: each rank "
+                f"loads onto its own socket; pass map_location={own!r}"
+            )
     return TrainingState(
-        params=params,
-        optimizer={"state": optim_state, "param_groups": groups},
+        params={name: t.numpy() for name, t in meta["params"].items()},
+        optimizer=meta["optimizer"],
         step=int(meta["step"]),
         epoch=int(meta["epoch"]),
         rng=meta["rng"],
@@ -186,7 +169,9 @@ def load(
 def _readable(path: Path) -> bool:
     try:
         with zipfile.ZipFile(path) as z:
-            return f"{_META}.npy" in z.namelist() and z.testzip() is None
+            # torch.save writes a zip archive: its pickle and tensors, complete.
+            names = z.namelist()
+            return any(n.endswith("/data.pkl") for n in names) and z.testzip() is None
     except (OSError, zipfile.BadZipFile):
         return False
 

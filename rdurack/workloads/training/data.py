@@ -7,11 +7,14 @@ a job, and every run with the same seed, sees the same split.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
 from rdurack.errors import InvalidRequest
+
+if TYPE_CHECKING:
+    from rdurack.workloads.training.rank import TrainSpec
 from rdurack.workloads.training.arrays import TRAIN_DTYPE, Array
 
 
@@ -79,3 +82,24 @@ def synthetic(
     y = rng.permutation(np.arange(n, dtype=np.int64) % classes)
     x = (centres[y] + rng.normal(0.0, 1.0, size=(n, features))).astype(TRAIN_DTYPE)
     return split(Dataset(x, y), test_fraction, seed)
+
+
+DIGITS_CLASSES = 10
+DIGITS_FEATURES = 64  # 8×8 pixels
+
+
+def load_data(spec: TrainSpec) -> tuple[Split, int]:
+    """The spec's train/test split and its number of classes."""
+    if spec.dataset == "digits":
+        return digits(seed=spec.seed), DIGITS_CLASSES
+    data = synthetic(
+        spec.synthetic_samples, spec.synthetic_features, spec.synthetic_classes, seed=spec.seed
+    )
+    return data, spec.synthetic_classes
+
+
+def data_shape(spec: TrainSpec) -> tuple[int, int]:
+    """(features, classes) of the spec's dataset, without loading it."""
+    if spec.dataset == "digits":
+        return DIGITS_FEATURES, DIGITS_CLASSES
+    return spec.synthetic_features, spec.synthetic_classes

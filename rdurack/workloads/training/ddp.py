@@ -1,4 +1,5 @@
-"""DistributedDataParallel: torch DDP's semantics on a numpy model.
+"""DistributedDataParallel: torch DDP's semantics over the loop's `Backend`, on a built-in
+model's numpy views of its parameters and gradients (models.Trainable).
 
 - At construction rank 0's parameters are broadcast to every rank (torch's
   `_sync_module_states`), so all replicas start identical.
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -35,7 +37,9 @@ from rdurack.errors import InvalidRequest
 from rdurack.workloads.training.arrays import Array, Params
 from rdurack.workloads.training.diagnostics import REPLICAS_DIFFER, Diagnostic
 from rdurack.workloads.training.distributed import Distributed, ReduceOp
-from rdurack.workloads.training.models import Model
+
+if TYPE_CHECKING:
+    from rdurack.workloads.training.models import Model
 
 MIB = 1024 * 1024
 DEFAULT_BUCKET_CAP_BYTES = 25 * MIB  # torch: bucket_cap_mb=25

@@ -2,7 +2,7 @@
 one step, and the DDP scaling prediction.
 
 Two kinds of model:
-- "mlp" and "transformer" are small real numpy models (FUNCTIONAL jobs): they train on
+- "mlp" and "transformer" are small real torch models (FUNCTIONAL jobs): they train on
   a real dataset, their gradients really travel over the links;
 - a model preset (e.g. "llama3.2-1b") is timed only (TIMING jobs): the same loop of
   forward, backward and bucketed gradient all-reduces, with sized descriptors.
@@ -19,7 +19,7 @@ Memory per rank (bytes, in HBM):
   (SGD with momentum: 4 bytes/param; Adam: 8); activations kept for backward per layer
   `s·b·h·(34 + 5·a·s/h)` bytes (Korthikanti et al., "Reducing Activation Recomputation
   in Large Transformer Models", MLSys 2023, Sec. 4.1, no recomputation);
-- numpy models: what the loop's memory account will hold, per stage of the strategy,
+- built-in models: what the loop's memory account will hold, per stage of the strategy,
   measured on the model's own arrays before the job runs (memory_plan.py): parameters,
   gradients, the optimizer's state, what forward keeps for backward, the progressive
   freezing metric's sample. The rank's memory is the stage with the highest HBM.
@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from math import ceil
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
@@ -48,17 +48,17 @@ from rdurack.workloads.predictor import Predictor
 from rdurack.workloads.training.arrays import Params
 from rdurack.workloads.training.ddp import DEFAULT_BUCKET_CAP_BYTES, assign_buckets
 from rdurack.workloads.training.distributed import DEFAULT_TIMEOUT_S
-from rdurack.workloads.training.loop import data_shape
-from rdurack.workloads.training.memory_plan import MemoryPlan, plan_memory
-from rdurack.workloads.training.models import Model
 from rdurack.workloads.training.movement import DEFAULT_THRESHOLD, DEFAULT_WINDOW_STEPS
 from rdurack.workloads.training.overlap import OverlapTiming, overlap, split_by_bytes
 from rdurack.workloads.training.progressive import Strategy
 from rdurack.workloads.training.rank import TrainSpec
 from rdurack.workloads.training.script_files import check_script
-from rdurack.workloads.training.strategy import Trainee
 
-NUMPY_MODELS = ("mlp", "transformer")
+if TYPE_CHECKING:  # torch: imported where a built-in model is built, not with the spec
+    from rdurack.workloads.training.memory_plan import MemoryPlan
+    from rdurack.workloads.training.models import Model
+
+BUILT_IN_MODELS = ("mlp", "transformer")
 MAX_LOOP_BYTES = 1 << 20  # a pickled training function, within gRPC's 4 MB messages
 FP32 = 4  # bytes: master weights and optimizer state
 ACTIVATION_BYTES_PER_TOKEN_HIDDEN = 34  # Korthikanti et al. 2023, Sec. 4.1 (BF16)
@@ -75,7 +75,7 @@ class TrainingWorkload(Config):
 
     kind: Literal["training"] = "training"
     model: str = Field(default="mlp", min_length=1, max_length=100)
-    dataset: Literal["digits", "synthetic"] = "digits"  # numpy models only
+    dataset: Literal["digits", "synthetic"] = "digits"  # built-in models only
     world_size: int = Field(default=4, ge=1)  # at most the platform's sockets (kinds/training)
     global_batch: int = Field(default=64, ge=1, le=1 << 20)  # samples per step, all ranks
     steps: int | None = Field(default=None, ge=1, le=1 << 20)
@@ -85,7 +85,7 @@ class TrainingWorkload(Config):
     momentum: float = Field(default=0.9, ge=0, lt=1)
     seed: int = Field(default=0, ge=0)
     sequence_length: int = Field(default=1024, ge=1, le=1 << 20)  # presets: tokens/sample
-    hidden: int = Field(default=64, ge=1, le=4096)  # numpy models: hidden width
+    hidden: int = Field(default=64, ge=1, le=4096)  # built-in models: hidden width
     checkpoint_every: int = Field(default=0, ge=0)  # steps; 0: no checkpoints
     # How late (emulated seconds) a rank may reach a collective after the first one.
     timeout_s: float = Field(default=DEFAULT_TIMEOUT_S, gt=0)
@@ -185,17 +185,17 @@ class TrainingWorkload(Config):
 
     @property
     def functional(self) -> bool:
-        return self.model in NUMPY_MODELS
+        return self.model in BUILT_IN_MODELS
 
     @property
     def local_batch(self) -> int:
         return self.global_batch // self.world_size
 
     def train_spec(self, resume: bool = True) -> TrainSpec:
-        """The loop's spec for a numpy model; `resume` picks up the newest checkpoint."""
+        """The loop's spec for a built-in model; `resume` picks up the newest checkpoint."""
         epochs = self.epochs if self.epochs is not None or self.steps is not None else 5
         return TrainSpec(
-            model=self.model,  # a numpy model: callers check `functional`
+            model=self.model,  # a built-in model: callers check `functional`
             hidden=self.hidden,
             blocks=self.blocks,
             strategy=self.strategy,
@@ -280,9 +280,9 @@ def step_cost(
 ) -> StepCost:
     """What one step costs a rank on `platform` (one socket per rank, TP1)."""
     if w.functional:
-        return _numpy_cost(w, platform)
+        return _built_in_cost(w, platform)
     if w.model not in models:
-        raise UnknownName("model", w.model, [*NUMPY_MODELS, *sorted(models)])
+        raise UnknownName("model", w.model, [*BUILT_IN_MODELS, *sorted(models)])
     m = models[w.model]
     p = Predictor(platform)
     compute = p.step(m, Phase.TRAIN, w.plan(platform), w.local_batch, w.sequence_length, 1)
@@ -304,7 +304,11 @@ def step_cost(
     return StepCost(compute_s / 3, 2 * compute_s / 3, tuple(x.nbytes for x in buckets), memory)
 
 
-def _numpy_cost(w: TrainingWorkload, platform: PlatformSpec) -> StepCost:
+def _built_in_cost(w: TrainingWorkload, platform: PlatformSpec) -> StepCost:
+    from rdurack.workloads.training.data import data_shape
+    from rdurack.workloads.training.memory_plan import plan_memory
+    from rdurack.workloads.training.strategy import Trainee
+
     spec = w.train_spec()
     plan = plan_memory(spec, platform.socket)
     features, classes = data_shape(spec)
@@ -312,15 +316,17 @@ def _numpy_cost(w: TrainingWorkload, platform: PlatformSpec) -> StepCost:
     return model_cost(model, w, platform, RankMemory(**plan.peak_stage(Tier.HBM).hbm_parts()))
 
 
-def numpy_plan(w: TrainingWorkload, platform: PlatformSpec) -> MemoryPlan:
-    """A numpy model's memory, stage by stage (memory_plan.py)."""
+def built_in_plan(w: TrainingWorkload, platform: PlatformSpec) -> MemoryPlan:
+    """A built-in model's memory, stage by stage (memory_plan.py)."""
+    from rdurack.workloads.training.memory_plan import plan_memory
+
     return plan_memory(w.train_spec(), platform.socket)
 
 
 def model_cost(
     model: Model, w: TrainingWorkload, platform: PlatformSpec, memory: RankMemory
 ) -> StepCost:
-    """One step of a numpy model: forward over every parameter it uses (frozen ones
+    """One step of a built-in model: forward over every parameter it uses (frozen ones
     too), backward over those it trains, its gradient buckets."""
     trained, frozen = model.params, model.frozen
     tokens = 8 if w.model == "transformer" else 1  # the transformer reads 8 tokens

@@ -31,8 +31,11 @@ import math
 from collections.abc import Generator
 from datetime import timedelta
 from pathlib import Path
+from typing import cast
 
 import numpy as np
+import torch
+from torch.utils.data import Dataset, DistributedSampler
 
 from rdurack.errors import InvalidRequest
 from rdurack.rack.memory import TieredMemory
@@ -48,7 +51,8 @@ from rdurack.workloads.training.checkpoint import (
     save,
     state_bytes,
 )
-from rdurack.workloads.training.data import Dataset, Split, digits, synthetic
+from rdurack.workloads.training.data import Dataset as Samples
+from rdurack.workloads.training.data import load_data
 from rdurack.workloads.training.ddp import (
     DistributedDataParallel,
     broadcast_parameters,
@@ -58,11 +62,10 @@ from rdurack.workloads.training.distributed import (
     Distributed,
 )
 from rdurack.workloads.training.memory import MemoryAccount
-from rdurack.workloads.training.models import Model
+from rdurack.workloads.training.models import Model, Trainable, optimizer_bytes
 from rdurack.workloads.training.movement import (
     EffectiveMovement,
 )
-from rdurack.workloads.training.optim import SGD, Adam, Optimizer
 from rdurack.workloads.training.progressive import StageReport
 from rdurack.workloads.training.rank import (
     CheckpointEvent,
@@ -72,38 +75,21 @@ from rdurack.workloads.training.rank import (
     StepInfo,
     TrainSpec,
 )
-from rdurack.workloads.training.sampler import DistributedSampler
 from rdurack.workloads.training.strategy import Trainee
 
-DIGITS_CLASSES = 10
-DIGITS_FEATURES = 64  # 8×8 pixels
 SOCKETS_PER_NODE = 8  # SN40L node: rank r runs on socket r % 8 of node r // 8
 
 
-def load_data(spec: TrainSpec) -> tuple[Split, int]:
-    """The spec's train/test split and its number of classes."""
-    if spec.dataset == "digits":
-        return digits(seed=spec.seed), DIGITS_CLASSES
-    data = synthetic(
-        spec.synthetic_samples, spec.synthetic_features, spec.synthetic_classes, seed=spec.seed
-    )
-    return data, spec.synthetic_classes
-
-
-def data_shape(spec: TrainSpec) -> tuple[int, int]:
-    """(features, classes) of the spec's dataset, without loading it."""
-    if spec.dataset == "digits":
-        return DIGITS_FEATURES, DIGITS_CLASSES
-    return spec.synthetic_features, spec.synthetic_classes
-
-
-def make_optimizer(spec: TrainSpec, params: Params) -> Optimizer:
+def make_optimizer(spec: TrainSpec, model: Trainable) -> torch.optim.Optimizer:
+    """torch.optim's SGD or Adam over what `model` trains."""
     if spec.optimizer == "sgd":
-        return SGD(params, lr=spec.lr, momentum=spec.momentum, weight_decay=spec.weight_decay)
-    return Adam(params, lr=spec.lr, weight_decay=spec.weight_decay)
+        return torch.optim.SGD(
+            model.trained, lr=spec.lr, momentum=spec.momentum, weight_decay=spec.weight_decay
+        )
+    return torch.optim.Adam(model.trained, lr=spec.lr, weight_decay=spec.weight_decay)
 
 
-def accuracy(model: Model, data: Dataset) -> float:
+def accuracy(model: Model, data: Samples) -> float:
     """Share of `data` whose highest logit is the label."""
     predicted = model.logits(data.x).argmax(axis=1)
     return float(np.mean(predicted == data.y))
@@ -186,7 +172,7 @@ def _train(
     bucket_bytes: list[int] = []
     for stage in trainee.stages:
         model = trainee.stage_model(stage)
-        optimizer = make_optimizer(spec, model.params)
+        optimizer = make_optimizer(spec, model)
         if resumed is not None:
             optimizer.load_state_dict(resumed.optimizer)
             resumed = None
@@ -200,7 +186,7 @@ def _train(
         if account is not None:
             copy_s = account.place(trainee.holdings(stage, model, movement))
             account.begin_stage()
-            account.hold("optimizer", Tier.HBM, optimizer.state_bytes())  # a resumed one
+            account.hold("optimizer", Tier.HBM, optimizer_bytes(optimizer))  # a resumed one
         if ctx.on_stage is not None:
             ctx.on_stage(StageEvent(stage, step, copy_s))
         ddp = DistributedDataParallel(
@@ -229,9 +215,9 @@ def _train(
             ddp.backward()
             if account is not None:
                 account.release("activations")  # backward is done with them
-            optimizer.step(model.grads)
+            optimizer.step()
             if account is not None:
-                account.hold("optimizer", Tier.HBM, optimizer.state_bytes())
+                account.hold("optimizer", Tier.HBM, optimizer_bytes(optimizer))
             samples += len(idx)
             step += 1
             window = movement.update() if movement is not None else None
@@ -311,8 +297,10 @@ class _Batches:
     def __init__(self, dist: Distributed, spec: TrainSpec, n: int, step: int) -> None:
         self.dist, self.spec, self.n = dist, spec, n
         world, rank = dist.get_world_size(), dist.get_rank()
-        self.sampler = (
-            DistributedSampler(n, world, rank, shuffle=True, seed=spec.seed)
+        # torch's sampler only needs the dataset's length: the indices are what it gives.
+        indices = cast("Dataset[int]", range(n))
+        self.sampler: DistributedSampler[int] | None = (
+            DistributedSampler(indices, world, rank, shuffle=True, seed=spec.seed)
             if spec.sampler == "distributed"
             else None
         )
@@ -348,7 +336,7 @@ class _Batches:
         spec = self.spec
         if self.sampler is not None:
             self.sampler.set_epoch(self.epoch)  # forget it and every epoch repeats one order
-            order = self.sampler.indices()
+            order = np.fromiter(self.sampler, dtype=np.int64)
         else:
             # DataLoader(shuffle=True) seeded alike on every rank, as scripts seed
             # everything: every rank walks the same samples in the same order.

@@ -1,4 +1,4 @@
-"""What a rank of a numpy training job will hold, stage by stage, before it runs.
+"""What a rank of a built-in training job will hold, stage by stage, before it runs.
 
 `plan_memory` builds the job's model as the loop does (strategy.py), and runs the
 loop's accounting (memory.py) on a scratch socket for two steps of each stage on a
@@ -17,8 +17,10 @@ import numpy as np
 
 from rdurack.rack.memory import TieredMemory
 from rdurack.rack.spec import SocketSpec, Tier
-from rdurack.workloads.training.loop import data_shape, make_optimizer
+from rdurack.workloads.training.data import data_shape
+from rdurack.workloads.training.loop import make_optimizer
 from rdurack.workloads.training.memory import Holding, MemoryAccount
+from rdurack.workloads.training.models import optimizer_bytes
 from rdurack.workloads.training.movement import EffectiveMovement
 from rdurack.workloads.training.progressive import Stage
 from rdurack.workloads.training.rank import TrainSpec
@@ -70,7 +72,7 @@ def plan_memory(spec: TrainSpec, socket: SocketSpec) -> MemoryPlan:
     stages: list[StagePlan] = []
     for stage in trainee.stages:
         model = trainee.stage_model(stage)
-        optimizer = make_optimizer(spec, model.params)
+        optimizer = make_optimizer(spec, model)
         block = trainee.block_params(stage)
         movement = (
             EffectiveMovement(block, spec.freeze_window, spec.freeze_threshold)
@@ -86,8 +88,8 @@ def plan_memory(spec: TrainSpec, socket: SocketSpec) -> MemoryPlan:
             parts = account.held()
             model.backward()
             account.release("activations")
-            optimizer.step(model.grads)  # on a scratch model: its values do not matter
-            account.hold("optimizer", Tier.HBM, optimizer.state_bytes())
+            optimizer.step()  # on a scratch model: its values do not matter
+            account.hold("optimizer", Tier.HBM, optimizer_bytes(optimizer))
         stages.append(StagePlan(stage, account.end_stage(), parts))
     account.close()
     return MemoryPlan(stages)

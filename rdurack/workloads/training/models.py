@@ -1,40 +1,47 @@
-"""Small numpy classifiers with hand-written backward passes.
+"""The built-in loop's classifiers: torch modules, and the view of one the loop trains.
 
-Parameters and gradients are ordered dicts name -> array, in definition order (torch's
-`named_parameters()` order, with torch's names), so DDP can bucket them the way torch
-does. `forward(x, y)` returns the mean softmax cross-entropy over the batch and keeps
-what `backward()` needs; `backward()` writes d(loss)/d(param) into `grads` in place (the
-buffers live as long as the model, like torch's `.grad`). Models train in float32;
-build one in float64 to check gradients numerically.
-
-- `MLP`: linear layers with ReLU between them.
+- `MLP`: linear layers with ReLU between them (parameters `layers.{i}.*`).
 - `TransformerClassifier`: an input row of `tokens * token_features` values (an 8×8
   digit as 8 rows of 8 pixels) becomes `tokens` tokens: a linear embedding plus learned
   positions, one pre-norm block (LayerNorm, multi-head self-attention, residual;
   LayerNorm, ReLU MLP, residual), mean pooling over tokens, a linear head.
+- `BlockSplit`: the MLP split into blocks for progressive training, each block with an
+  output module (ProFL's; a linear read-out is ours, for an MLP): block i is the MLP's
+  layer i (Linear, then ReLU); the classifier `layers.{blocks}.*` is the last block's
+  output module, the others have their own, `outputs.{i}.*`. A stage trains block i and
+  its output module on top of blocks 0..i-1, frozen with `requires_grad_(False)`.
+
+`Trainable` is what the loop trains: a module and the parameters that train, with
+torch's autograd for backward. Its `params` and `grads` are numpy views of the
+parameters' and their `.grad`'s storage, in `named_parameters()` order: the loop's DDP
+averages gradients in place through them and checkpoints read them, while torch.optim
+updates the same storage.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from itertools import pairwise
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, TypeVar
 
 import numpy as np
-from numpy.typing import DTypeLike
+import torch
+from torch import nn
+from torch.nn import functional
 
 from rdurack.errors import InvalidRequest
-from rdurack.workloads.training.arrays import TRAIN_DTYPE, Array, Params, as_dtype
+from rdurack.workloads.training.arrays import Array, Params
 
-LN_EPS = 1e-5  # torch.nn.LayerNorm's default
+ModelName = Literal["mlp", "transformer"]
+M = TypeVar("M", bound=nn.Module)
+TOKENS = 8  # the transformer reads a digit's 8 rows as 8 tokens
 
 
 class Model(Protocol):
-    """What training needs of a model."""
+    """What the loop, its DDP and the timing model need of a model."""
 
-    params: Params  # name -> parameter, definition order; updated in place by optimizers
-    grads: Params  # name -> gradient of the last backward(), same shapes and order
+    params: Params  # name -> parameter that trains (a view), definition order
+    grads: Params  # name -> its gradient of the last backward(), same order
     dtype: np.dtype[Any]
 
     def forward(self, x: Array, y: Array) -> float:
@@ -50,7 +57,7 @@ class Model(Protocol):
         ...
 
     def saved_bytes(self) -> int:
-        """Bytes of the arrays kept from the last forward for backward (0 after it)."""
+        """Bytes autograd keeps from the last forward for backward (0 after it)."""
         ...
 
     @property
@@ -59,346 +66,256 @@ class Model(Protocol):
         ...
 
 
-# ------------------------------------------------------------------ building blocks
+class MLP(nn.Module):
+    """Linear layers `sizes[0] -> ... -> sizes[-1]`, ReLU between them."""
 
+    def __init__(self, sizes: list[int]) -> None:
+        if len(sizes) < 2 or any(s < 1 for s in sizes):
+            raise InvalidRequest(f"MLP sizes must be >= 2 positive widths, got {sizes}")
+        super().__init__()
+        self.sizes = sizes
+        self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in pairwise(sizes))
 
-def _uniform(rng: np.random.Generator, fan_in: int, shape: tuple[int, ...], dtype: Any) -> Array:
-    # torch.nn.Linear's default init: U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for weight and bias.
-    bound = 1.0 / math.sqrt(fan_in)
-    return rng.uniform(-bound, bound, size=shape).astype(dtype)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.run(x, len(self.layers))
 
-
-def softmax_cross_entropy(logits: Array, y: Array) -> tuple[float, Array]:
-    """Mean cross-entropy of integer labels `y` under `logits`, and d(loss)/d(logits)."""
-    n = logits.shape[0]
-    z = logits - logits.max(axis=1, keepdims=True)  # stable: exp of values <= 0
-    e = np.exp(z)
-    total = e.sum(axis=1, keepdims=True)
-    rows = np.arange(n)
-    loss = float(np.mean(np.log(total[:, 0]) - z[rows, y]))
-    dlogits = e / total
-    dlogits[rows, y] -= 1
-    dlogits /= n  # a Python int: stays in the logits' dtype
-    return loss, dlogits
-
-
-def _linear(x: Array, w: Array, b: Array) -> Array:
-    """x @ w.T + b over the last axis (torch's Linear layout: w is (out, in))."""
-    return x @ w.T + b
-
-
-def _linear_backward(x: Array, w: Array, dz: Array) -> tuple[Array, Array, Array]:
-    """(dx, dw, db) of z = x @ w.T + b, for x of any leading shape."""
-    flat_dz = dz.reshape(-1, dz.shape[-1])
-    flat_x = x.reshape(-1, x.shape[-1])
-    return dz @ w, flat_dz.T @ flat_x, flat_dz.sum(axis=0)
-
-
-def _layernorm(x: Array, g: Array, b: Array) -> tuple[Array, Array, Array]:
-    """LayerNorm over the last axis: (y, xhat, rstd), the last two kept for backward."""
-    xc = x - x.mean(axis=-1, keepdims=True)
-    rstd = 1.0 / np.sqrt((xc * xc).mean(axis=-1, keepdims=True) + LN_EPS)
-    xhat = xc * rstd
-    return xhat * g + b, xhat, rstd
-
-
-def _layernorm_backward(
-    dy: Array, xhat: Array, rstd: Array, g: Array
-) -> tuple[Array, Array, Array]:
-    """(dx, dg, db) of LayerNorm, from its saved xhat and 1/std."""
-    lead = tuple(range(dy.ndim - 1))
-    dg = (dy * xhat).sum(axis=lead)
-    db = dy.sum(axis=lead)
-    dxhat = dy * g
-    dx = rstd * (
-        dxhat
-        - dxhat.mean(axis=-1, keepdims=True)
-        - xhat * (dxhat * xhat).mean(axis=-1, keepdims=True)
-    )
-    return dx, dg, db
-
-
-def _softmax_last(s: Array) -> Array:
-    e = np.exp(s - s.max(axis=-1, keepdims=True))
-    out: Array = e / e.sum(axis=-1, keepdims=True)
-    return out
-
-
-class _Module:
-    """Parameters, gradient buffers and dtype handling shared by the models."""
-
-    def __init__(self, params: Params, dtype: DTypeLike) -> None:
-        self.dtype: np.dtype[Any] = np.dtype(dtype)
-        if not np.issubdtype(self.dtype, np.floating):
-            raise InvalidRequest(f"a model's dtype must be floating, got {self.dtype}")
-        self.params: Params = params
-        self.grads: Params = {name: np.zeros_like(p) for name, p in params.items()}
-
-    def num_parameters(self) -> int:
-        return sum(p.size for p in self.params.values())
-
-    @property
-    def frozen(self) -> Params:
-        return {}  # every parameter trains
-
-    def zero_grad(self) -> None:
-        for g in self.grads.values():
-            g.fill(0)
-
-    def _set_grad(self, name: str, value: Array) -> None:
-        # In place (the buffers stay the same objects), and casting="no": a float64
-        # gradient here means a numpy float64 scalar upcast the float32 math.
-        np.copyto(self.grads[name], value, casting="no")
-
-    def _input(self, x: Array, features: int) -> Array:
-        x = as_dtype(x, self.dtype)
-        if x.ndim != 2 or x.shape[1] != features:
-            raise InvalidRequest(f"input of shape {x.shape}: expected (batch, {features})")
+    def run(self, x: torch.Tensor, layers: int) -> torch.Tensor:
+        """The first `layers` layers, ReLU after each but the model's last."""
+        for i in range(layers):
+            x = self.layers[i](x)
+            if i < len(self.layers) - 1:
+                x = functional.relu(x)
         return x
 
 
-# ------------------------------------------------------------------ MLP
-
-
-class MLP(_Module):
-    """Linear layers `sizes[0] -> ... -> sizes[-1]`, ReLU between them."""
-
-    def __init__(self, sizes: Sequence[int], seed: int = 0, dtype: DTypeLike = TRAIN_DTYPE):
-        if len(sizes) < 2 or any(s < 1 for s in sizes):
-            raise InvalidRequest(f"MLP sizes must be >= 2 positive widths, got {list(sizes)}")
-        rng = np.random.default_rng(seed)
-        params: Params = {}
-        for i, (fan_in, fan_out) in enumerate(pairwise(sizes)):
-            params[f"layers.{i}.weight"] = _uniform(rng, fan_in, (fan_out, fan_in), dtype)
-            params[f"layers.{i}.bias"] = _uniform(rng, fan_in, (fan_out,), dtype)
-        super().__init__(params, dtype)
-        self.sizes = list(sizes)
-        self._saved: tuple[list[Array], Array] | None = None  # (layer inputs, dlogits)
-
-    def _run(self, x: Array) -> tuple[Array, list[Array]]:
-        """Logits and the input of every layer (post-ReLU activations)."""
-        inputs: list[Array] = []
-        h = self._input(x, self.sizes[0])
-        layers = len(self.sizes) - 1
-        for i in range(layers):
-            inputs.append(h)
-            h = _linear(h, self.params[f"layers.{i}.weight"], self.params[f"layers.{i}.bias"])
-            if i < layers - 1:
-                h = np.maximum(h, 0)  # ReLU; kept as the next layer's input
-        return h, inputs
-
-    def forward(self, x: Array, y: Array) -> float:
-        logits, inputs = self._run(x)
-        loss, dlogits = softmax_cross_entropy(logits, np.asarray(y))
-        self._saved = (inputs, dlogits)
-        return loss
-
-    def backward(self) -> None:
-        if self._saved is None:
-            raise InvalidRequest("backward() without a forward() before it")
-        inputs, dz = self._saved
-        self._saved = None
-        for i in reversed(range(len(inputs))):
-            w = self.params[f"layers.{i}.weight"]
-            dh, dw, db = _linear_backward(inputs[i], w, dz)
-            self._set_grad(f"layers.{i}.weight", dw)
-            self._set_grad(f"layers.{i}.bias", db)
-            if i > 0:
-                dz = dh * (inputs[i] > 0)  # through the ReLU that produced inputs[i]
-
-    def logits(self, x: Array) -> Array:
-        return self._run(x)[0]
-
-    def saved_bytes(self) -> int:
-        if self._saved is None:
-            return 0
-        inputs, dlogits = self._saved
-        return sum(a.nbytes for a in inputs) + dlogits.nbytes
-
-
-# ------------------------------------------------------------------ transformer
-
-
-class TransformerClassifier(_Module):
+class TransformerClassifier(nn.Module):
     """One pre-norm transformer block over `tokens` tokens of `token_features` each."""
 
     def __init__(
-        self,
-        tokens: int = 8,
-        token_features: int = 8,
-        classes: int = 10,
-        d_model: int = 32,
+        self, tokens: int, token_features: int, classes: int, mlp_hidden: int, d_model: int = 32,
         heads: int = 4,
-        mlp_hidden: int = 64,
-        seed: int = 0,
-        dtype: DTypeLike = TRAIN_DTYPE,
-    ) -> None:
-        if min(tokens, token_features, classes, d_model, heads, mlp_hidden) < 1:
-            raise InvalidRequest("transformer sizes must be positive")
+    ) -> None:  # fmt: skip
+        super().__init__()
         if d_model % heads:
             raise InvalidRequest(f"d_model {d_model} is not divisible by {heads} heads")
-        rng = np.random.default_rng(seed)
-        d, f = d_model, token_features
-        p: Params = {
-            "embed.weight": _uniform(rng, f, (d, f), dtype),
-            "embed.bias": _uniform(rng, f, (d,), dtype),
-            # Learned positions (GPT-2 style N(0, 0.02)): attention alone cannot tell
-            # which row of the image a token is.
-            "pos": (rng.standard_normal((tokens, d)) * 0.02).astype(dtype),
-            "ln1.weight": np.ones(d, dtype),
-            "ln1.bias": np.zeros(d, dtype),
-        }
-        for proj in ("q", "k", "v", "out"):
-            p[f"attn.{proj}.weight"] = _uniform(rng, d, (d, d), dtype)
-            p[f"attn.{proj}.bias"] = _uniform(rng, d, (d,), dtype)
-        p |= {
-            "ln2.weight": np.ones(d, dtype),
-            "ln2.bias": np.zeros(d, dtype),
-            "mlp.0.weight": _uniform(rng, d, (mlp_hidden, d), dtype),
-            "mlp.0.bias": _uniform(rng, d, (mlp_hidden,), dtype),
-            "mlp.2.weight": _uniform(rng, mlp_hidden, (d, mlp_hidden), dtype),
-            "mlp.2.bias": _uniform(rng, mlp_hidden, (d,), dtype),
-            "head.weight": _uniform(rng, d, (classes, d), dtype),
-            "head.bias": _uniform(rng, d, (classes,), dtype),
-        }
-        super().__init__(p, dtype)
         self.tokens, self.token_features, self.heads = tokens, token_features, heads
-        self.d_model, self.classes = d_model, classes
-        self._saved: dict[str, Array] | None = None
+        self.embed = nn.Linear(token_features, d_model)
+        # Learned positions (GPT-2 style N(0, 0.02)): attention alone cannot tell which
+        # row of the image a token is.
+        self.pos = nn.Parameter(torch.empty(tokens, d_model))  # N(0, 0.02): initialise
+        self.ln1 = nn.LayerNorm(d_model)
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.out = nn.Linear(d_model, d_model)
+        self.ln2 = nn.LayerNorm(d_model)
+        self.mlp = nn.Sequential(
+            nn.Linear(d_model, mlp_hidden), nn.ReLU(), nn.Linear(mlp_hidden, d_model)
+        )
+        self.head = nn.Linear(d_model, classes)
 
-    def _split(self, a: Array) -> Array:
-        """(N, T, D) -> (N, H, T, D/H)."""
-        n, t, _ = a.shape
-        return a.reshape(n, t, self.heads, -1).transpose(0, 2, 1, 3)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n = x.shape[0]
+        e = self.embed(x.reshape(n, self.tokens, self.token_features)) + self.pos
+        q, k, v = self.qkv(self.ln1(e)).chunk(3, dim=-1)
+        # (N, T, D) -> (N, H, T, D/H) and back.
+        q, k, v = (t.reshape(n, self.tokens, self.heads, -1).transpose(1, 2) for t in (q, k, v))
+        scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+        o = (scores.softmax(dim=-1) @ v).transpose(1, 2).reshape(n, self.tokens, -1)
+        h = e + self.out(o)
+        h = h + self.mlp(self.ln2(h))
+        return self.head(h.mean(dim=1))  # type: ignore[no-any-return]
 
-    def _merge(self, a: Array) -> Array:
-        """(N, H, T, D/H) -> (N, T, D)."""
-        n, _, t, _ = a.shape
-        return a.transpose(0, 2, 1, 3).reshape(n, t, self.d_model)
 
-    def _run(self, x: Array) -> tuple[Array, dict[str, Array]]:
-        p = self.params
-        xt = self._input(x, self.tokens * self.token_features)
-        xt = xt.reshape(-1, self.tokens, self.token_features)
-        e = _linear(xt, p["embed.weight"], p["embed.bias"]) + p["pos"]
-        a_in, xhat1, rstd1 = _layernorm(e, p["ln1.weight"], p["ln1.bias"])
-        q = self._split(_linear(a_in, p["attn.q.weight"], p["attn.q.bias"]))
-        k = self._split(_linear(a_in, p["attn.k.weight"], p["attn.k.bias"]))
-        v = self._split(_linear(a_in, p["attn.v.weight"], p["attn.v.bias"]))
-        scale = 1.0 / math.sqrt(self.d_model // self.heads)  # Python float: keeps float32
-        probs = _softmax_last((q @ k.transpose(0, 1, 3, 2)) * scale)
-        o = self._merge(probs @ v)
-        h1 = e + _linear(o, p["attn.out.weight"], p["attn.out.bias"])
-        m_in, xhat2, rstd2 = _layernorm(h1, p["ln2.weight"], p["ln2.bias"])
-        u = _linear(m_in, p["mlp.0.weight"], p["mlp.0.bias"])
-        r = np.maximum(u, 0)
-        h2 = h1 + _linear(r, p["mlp.2.weight"], p["mlp.2.bias"])
-        pooled = h2.mean(axis=1)
-        logits = _linear(pooled, p["head.weight"], p["head.bias"])
-        saved = {
-            "x": xt, "a_in": a_in, "xhat1": xhat1, "rstd1": rstd1, "q": q, "k": k, "v": v,
-            "probs": probs, "o": o, "xhat2": xhat2, "rstd2": rstd2, "m_in": m_in, "u": u,
-            "r": r, "pooled": pooled,
-        }  # fmt: skip
-        return logits, saved
+class BlockSplit(MLP):
+    """The MLP (`layers.{i}.*`, what full training trains) and its blocks' output
+    modules (`outputs.{i}.*`)."""
+
+    def __init__(self, features: int, hidden: int, classes: int, blocks: int) -> None:
+        if blocks < 2:
+            raise InvalidRequest(f"a block split needs at least 2 blocks, got {blocks}")
+        super().__init__([features, *[hidden] * blocks, classes])
+        self.blocks = blocks
+        self.outputs = nn.ModuleList(nn.Linear(hidden, classes) for _ in range(blocks - 1))
+
+    def output(self, i: int) -> nn.Module:
+        """Block i's output module: its own, or the classifier for the last block."""
+        self._check(i)
+        return self.layers[i + 1] if i == self.blocks - 1 else self.outputs[i]
+
+    def block(self, i: int) -> nn.Module:
+        self._check(i)
+        return self.layers[i]
+
+    def stage(self, i: int) -> Trainable:
+        """The model that trains block i and its output module, blocks before it frozen."""
+        self._check(i)
+        trains = [*self.block(i).parameters(), *self.output(i).parameters()]
+        frozen = [p for j in range(i) for p in self.block(j).parameters()]
+        return Trainable(_Stage(self, i), trains, frozen, owner=self)
+
+    def _check(self, i: int) -> None:
+        if not 0 <= i < self.blocks:
+            raise InvalidRequest(f"block {i} of {self.blocks}: blocks are 0..{self.blocks - 1}")
+
+
+class _Stage(nn.Module):
+    """Blocks 0..i (Linear, then ReLU, each), then block i's output module."""
+
+    def __init__(self, split: BlockSplit, block: int) -> None:
+        super().__init__()
+        self.split, self.block = split, block
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.split.output(self.block)(self.split.run(x, self.block + 1))
+        return out
+
+
+def views(module: nn.Module, params: list[nn.Parameter]) -> Params:
+    """`params` by their names in `module`, as numpy views of their storage."""
+    return {name: p.detach().numpy() for name, p in module.named_parameters() if _in(p, params)}
+
+
+def _in(p: nn.Parameter, params: list[nn.Parameter]) -> bool:
+    return any(p is q for q in params)
+
+
+class Trainable:
+    """`net` with `trains` (default: all of `owner`'s parameters) trained by autograd,
+    `owner` (default `net`) naming them; the rest of `owner`'s parameters kept as they
+    are (`frozen`: those forward uses)."""
+
+    def __init__(
+        self,
+        net: nn.Module,
+        trains: list[nn.Parameter] | None = None,
+        frozen: list[nn.Parameter] | None = None,
+        owner: nn.Module | None = None,
+    ) -> None:
+        self.net = net
+        owner = owner if owner is not None else net
+        trained = list(owner.parameters()) if trains is None else trains
+        ids = {id(p) for p in trained}
+        for p in owner.parameters():
+            p.requires_grad_(id(p) in ids)
+        for p in trained:
+            # Gradients live as long as the model (torch's .grad after the first
+            # backward); backward accumulates into them in place, so views stay valid.
+            p.grad = torch.zeros_like(p)
+        self.trained = trained
+        self.params: Params = views(owner, trained)
+        self.grads: Params = {
+            name: p.grad.numpy()
+            for name, p in owner.named_parameters()
+            if _in(p, trained) and p.grad is not None
+        }
+        self._frozen = views(owner, frozen or [])
+        # float32 trains; a float64 net (`.double()`) checks equivalences exactly.
+        self.dtype: np.dtype[Any] = next(iter(self.params.values())).dtype
+        self._loss: torch.Tensor | None = None
+        self._saved: dict[int, int] = {}  # storage -> bytes autograd saved for backward
+
+    @property
+    def frozen(self) -> Params:
+        return self._frozen
+
+    def _input(self, x: Array) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(x, dtype=self.dtype))
 
     def forward(self, x: Array, y: Array) -> float:
-        logits, saved = self._run(x)
-        loss, saved["dlogits"] = softmax_cross_entropy(logits, np.asarray(y))
-        self._saved = saved
-        return loss
+        self._saved = {}
+        with torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t):
+            logits = self.net(self._input(x))
+            self._loss = functional.cross_entropy(logits, torch.from_numpy(np.asarray(y, np.int64)))
+        return float(self._loss.detach())
+
+    def _pack(self, t: torch.Tensor) -> torch.Tensor:
+        found = activation(t)
+        if found is not None:
+            self._saved[found[0]] = found[1]
+        return t
 
     def backward(self) -> None:
-        if self._saved is None:
+        if self._loss is None:
             raise InvalidRequest("backward() without a forward() before it")
-        s, p, grad = self._saved, self.params, self._set_grad
-        self._saved = None
-        # Head and mean pooling over tokens.
-        dpooled, dw, db = _linear_backward(s["pooled"], p["head.weight"], s["dlogits"])
-        grad("head.weight", dw)
-        grad("head.bias", db)
-        dh2 = np.repeat(dpooled[:, None, :] / self.tokens, self.tokens, axis=1)
-        # MLP sub-block: h2 = h1 + mlp(ln2(h1)).
-        dr, dw, db = _linear_backward(s["r"], p["mlp.2.weight"], dh2)
-        grad("mlp.2.weight", dw)
-        grad("mlp.2.bias", db)
-        du = dr * (s["u"] > 0)
-        dm_in, dw, db = _linear_backward(s["m_in"], p["mlp.0.weight"], du)
-        grad("mlp.0.weight", dw)
-        grad("mlp.0.bias", db)
-        dx, dg, db = _layernorm_backward(dm_in, s["xhat2"], s["rstd2"], p["ln2.weight"])
-        grad("ln2.weight", dg)
-        grad("ln2.bias", db)
-        dh1 = dh2 + dx
-        # Attention sub-block: h1 = e + out(attention(ln1(e))).
-        do, dw, db = _linear_backward(s["o"], p["attn.out.weight"], dh1)
-        grad("attn.out.weight", dw)
-        grad("attn.out.bias", db)
-        do_heads = self._split(do)
-        probs, q, k, v = s["probs"], s["q"], s["k"], s["v"]
-        dv = probs.transpose(0, 1, 3, 2) @ do_heads
-        dprobs = do_heads @ v.transpose(0, 1, 3, 2)
-        # Softmax backward, row by row: dS = P * (dP - sum(dP * P)).
-        dscores = probs * (dprobs - (dprobs * probs).sum(axis=-1, keepdims=True))
-        scale = 1.0 / math.sqrt(self.d_model // self.heads)
-        dq = (dscores @ k) * scale
-        dk = (dscores.transpose(0, 1, 3, 2) @ q) * scale
-        da_in = np.zeros_like(s["a_in"])
-        for name, d_heads in (("q", dq), ("k", dk), ("v", dv)):
-            dpart, dw, db = _linear_backward(
-                s["a_in"], p[f"attn.{name}.weight"], self._merge(d_heads)
-            )
-            grad(f"attn.{name}.weight", dw)
-            grad(f"attn.{name}.bias", db)
-            da_in += dpart
-        dx, dg, db = _layernorm_backward(da_in, s["xhat1"], s["rstd1"], p["ln1.weight"])
-        grad("ln1.weight", dg)
-        grad("ln1.bias", db)
-        de = dh1 + dx
-        # Embedding and positions.
-        grad("pos", de.sum(axis=0))
-        _, dw, db = _linear_backward(s["x"], p["embed.weight"], de)
-        grad("embed.weight", dw)
-        grad("embed.bias", db)
+        for p in self.trained:
+            assert p.grad is not None
+            p.grad.zero_()
+        loss, self._loss = self._loss, None
+        loss.backward()  # type: ignore[no-untyped-call]
+        self._saved = {}
 
     def logits(self, x: Array) -> Array:
-        return self._run(x)[0]
+        with torch.no_grad():
+            out: Array = self.net(self._input(x)).numpy()
+        return out
 
     def saved_bytes(self) -> int:
-        return sum(a.nbytes for a in self._saved.values()) if self._saved is not None else 0
+        return sum(self._saved.values())
 
 
-ModelName = Literal["mlp", "transformer"]
+def activation(t: torch.Tensor) -> tuple[int, int] | None:
+    """(storage address, bytes) of a tensor autograd saves for backward that is an
+    activation; None for a weight or a view of one (weight.t()), held as weights."""
+    base = t._base if t._base is not None else t
+    if isinstance(base, nn.Parameter):
+        return None
+    storage = t.untyped_storage()
+    return storage.data_ptr(), storage.nbytes()  # a storage shared by views counts once
+
+
+def optimizer_bytes(optimizer: torch.optim.Optimizer) -> int:
+    """Bytes of the tensors in `optimizer`'s state (none before its first step)."""
+    return sum(
+        v.untyped_storage().nbytes()
+        for state in optimizer.state.values()
+        for v in state.values()
+        if isinstance(v, torch.Tensor)
+    )
 
 
 def build_model(
-    name: ModelName,
-    features: int,
-    classes: int,
-    seed: int = 0,
-    hidden: int = 64,
-    dtype: DTypeLike = TRAIN_DTYPE,
+    name: ModelName, features: int, classes: int, seed: int = 0, hidden: int = 64,
     blocks: int = 1,
-) -> MLP | TransformerClassifier:
-    """A model for `features` inputs and `classes` outputs. The MLP has `blocks` hidden
-    layers of `hidden` units; the transformer (one block) reads the input as 8 tokens
-    (an 8×8 digit's rows), so `features` must be a multiple of 8."""
+) -> nn.Module:  # fmt: skip
+    """A model for `features` inputs and `classes` outputs, initialised from `seed`
+    (`initialise`). The MLP has `blocks` hidden layers of `hidden` units; the
+    transformer (one block) reads the input as 8 tokens (an 8×8 digit's rows), so
+    `features` must be a multiple of 8."""
+    net: nn.Module
     if name == "mlp":
-        return MLP([features, *[hidden] * blocks, classes], seed=seed, dtype=dtype)
-    if blocks != 1:
+        net = MLP([features, *[hidden] * blocks, classes])
+    elif blocks != 1:
         raise InvalidRequest(f"{name}: one block only, got blocks={blocks}")
-    if name == "transformer":
-        tokens = 8
-        if features % tokens:
+    elif name == "transformer":
+        if features % TOKENS:
             raise InvalidRequest(
-                f"transformer: {features} features do not split into {tokens} tokens"
+                f"transformer: {features} features do not split into {TOKENS} tokens"
             )
-        return TransformerClassifier(
-            tokens=tokens,
-            token_features=features // tokens,
-            classes=classes,
-            mlp_hidden=hidden,
-            seed=seed,
-            dtype=dtype,
-        )
-    raise InvalidRequest(f"unknown model {name!r}: expected 'mlp' or 'transformer'")
+        net = TransformerClassifier(TOKENS, features // TOKENS, classes, hidden)
+    else:
+        raise InvalidRequest(f"unknown model {name!r}: expected 'mlp' or 'transformer'")
+    return initialise(net, seed)
+
+
+def build_split(features: int, hidden: int, classes: int, blocks: int, seed: int) -> BlockSplit:
+    """A `BlockSplit` whose MLP starts as `build_model("mlp", ...)` with the same seed
+    (its output modules are initialised after the MLP's layers)."""
+    return initialise(BlockSplit(features, hidden, classes, blocks), seed)
+
+
+def initialise(net: M, seed: int) -> M:
+    """torch's default initialisation of `net`'s layers (`reset_parameters`), drawn in
+    definition order from a generator of its own: the same seed gives the same model
+    in any thread (torch's global RNG is shared by a process's ranks on threads)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for module in net.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.kaiming_uniform_(module.weight, a=math.sqrt(5), generator=g)
+                bound = 1 / math.sqrt(module.in_features)
+                nn.init.uniform_(module.bias, -bound, bound, generator=g)
+            elif isinstance(module, nn.LayerNorm):
+                nn.init.ones_(module.weight)
+                nn.init.zeros_(module.bias)
+            elif isinstance(module, TransformerClassifier):
+                nn.init.normal_(module.pos, 0.0, 0.02, generator=g)
+    return net

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -16,9 +16,11 @@ from rdurack.workloads.training.ddp import DEFAULT_BUCKET_CAP_BYTES
 from rdurack.workloads.training.diagnostics import Diagnostic
 from rdurack.workloads.training.distributed import DEFAULT_TIMEOUT_S
 from rdurack.workloads.training.memory import MemoryAccount
-from rdurack.workloads.training.models import Model
 from rdurack.workloads.training.movement import DEFAULT_THRESHOLD, DEFAULT_WINDOW_STEPS
 from rdurack.workloads.training.progressive import Stage, StageReport, Strategy
+
+if TYPE_CHECKING:
+    from rdurack.workloads.training.models import Model
 
 
 class TrainSpec(BaseModel):

@@ -13,12 +13,12 @@ deeper one.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import pairwise
 
 from rdurack.errors import InvalidRequest
 from rdurack.rack.spec import PlatformSpec, Tier
-from rdurack.workloads.training.job import TrainingWorkload, hbm_limit, numpy_plan
-from rdurack.workloads.training.loop import data_shape
-from rdurack.workloads.training.models import MLP
+from rdurack.workloads.training.data import data_shape
+from rdurack.workloads.training.job import TrainingWorkload, built_in_plan, hbm_limit
 
 
 @dataclass(frozen=True)
@@ -34,12 +34,13 @@ class Shrunken:
 def parameters(w: TrainingWorkload) -> int:
     """Parameters of `w`'s MLP: features -> hidden × blocks -> classes."""
     features, classes = data_shape(w.train_spec())
-    return MLP([features, *[w.hidden] * w.blocks, classes]).num_parameters()
+    sizes = [features, *[w.hidden] * w.blocks, classes]
+    return sum(a * b + b for a, b in pairwise(sizes))  # weights and biases
 
 
 def _fits(w: TrainingWorkload, platform: PlatformSpec, limit: int) -> int | None:
     """Its planned HBM peak if full training of `w` fits under `limit`, else None."""
-    peak = numpy_plan(w, platform).peak(Tier.HBM)
+    peak = built_in_plan(w, platform).peak(Tier.HBM)
     return peak if peak <= limit else None
 
 

@@ -2,18 +2,26 @@
 
 `Trainee` holds a rank's parameters for a strategy (progressive.py): for `full`, the
 model (models.py) trained whole in one stage; for `progressive`, an MLP split into
-blocks with output modules (blocks.py), one block per stage. Per stage it gives the
+blocks with output modules (models.BlockSplit), one block per stage. Per stage it gives the
 model the loop trains and what that stage holds, for the memory account (memory.py).
 """
 
 from __future__ import annotations
 
+from torch import nn
+
 from rdurack.errors import InvalidRequest
 from rdurack.rack.spec import Tier
 from rdurack.workloads.training.arrays import Params
-from rdurack.workloads.training.blocks import BlockSplit
 from rdurack.workloads.training.memory import Holding
-from rdurack.workloads.training.models import Model, ModelName, build_model
+from rdurack.workloads.training.models import (
+    BlockSplit,
+    ModelName,
+    Trainable,
+    build_model,
+    build_split,
+    views,
+)
 from rdurack.workloads.training.movement import EffectiveMovement
 from rdurack.workloads.training.progressive import (
     Stage,
@@ -45,21 +53,25 @@ class Trainee:
         self.stages = stage_order(strategy, blocks)
         self.split: BlockSplit | None = None
         if strategy == "full":
-            self.model: Model = build_model(model, features, classes, seed, hidden, blocks=blocks)
+            net = build_model(model, features, classes, seed, hidden, blocks=blocks)
+            self.model = Trainable(net)
         else:
             if model != "mlp":
                 raise InvalidRequest(
                     f"progressive training splits an MLP into blocks; {model!r} is one block"
                 )
-            self.split = BlockSplit(features, hidden, classes, blocks, seed)
-            self.model = self.split.mlp  # what the last stage completes
+            self.split = build_split(features, hidden, classes, blocks, seed)
+            # What the last stage completes: the MLP, without the output modules.
+            self.model = Trainable(self.split, list(self.split.layers.parameters()))
 
     @property
     def params(self) -> Params:
         """Every parameter a rank holds (DDP broadcasts them from rank 0)."""
-        return self.split.params if self.split is not None else self.model.params
+        if self.split is None:
+            return self.model.params
+        return views(self.split, list(self.split.parameters()))
 
-    def stage_model(self, stage: Stage) -> Model:
+    def stage_model(self, stage: Stage) -> Trainable:
         """The model `stage` trains."""
         if self.split is None or stage.block is None:
             return self.model
@@ -69,7 +81,11 @@ class Trainee:
         """The block whose movement decides when the stage ends; None: full training."""
         if self.split is None or stage.block is None:
             return None
-        return self.split.block(stage.block)
+        return self._params(self.split.block(stage.block))
+
+    def _params(self, module: nn.Module) -> Params:
+        assert self.split is not None
+        return views(self.split, list(module.parameters()))
 
     def weights(self, stage: Stage) -> dict[str, Holding]:
         """Each module's weights during `stage`: part -> (tier, bytes)."""
@@ -79,12 +95,12 @@ class Trainee:
         out: dict[str, Holding] = {}
         for part, tier in placement(stage, split.blocks).items():
             i = int(part.rsplit(".", 1)[1])
-            params = split.block(i) if part == block_name(i) else split.output(i)
-            out[part] = (tier, _nbytes(params))
+            module = split.block(i) if part == block_name(i) else split.output(i)
+            out[part] = (tier, _nbytes(self._params(module)))
         return out
 
     def holdings(
-        self, stage: Stage, model: Model, movement: EffectiveMovement | None
+        self, stage: Stage, model: Trainable, movement: EffectiveMovement | None
     ) -> dict[str, Holding]:
         """What `stage` holds from its start: weights, the trained part's gradients,
         the movement metric. (Optimizer state and activations come and go with steps.)"""

@@ -7,21 +7,21 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from rdurack.errors import InvalidRequest
 from rdurack.workloads.training.checkpoint import TrainingState, latest, load, save
-from rdurack.workloads.training.models import MLP
-from rdurack.workloads.training.optim import Adam
+from rdurack.workloads.training.models import Trainable, build_model
 
 
-def _state(step: int = 3) -> tuple[TrainingState, MLP, Adam]:
-    model = MLP([6, 4, 3], seed=1)
-    opt = Adam(model.params, lr=0.01, betas=(0.8, 0.99))
+def _state(step: int = 3) -> tuple[TrainingState, Trainable, torch.optim.Adam]:
+    model = Trainable(build_model("mlp", 6, 3, seed=1, hidden=4))
+    opt = torch.optim.Adam(model.trained, lr=0.01, betas=(0.8, 0.99))
     rng = np.random.default_rng(5)
     for _ in range(step):
         model.forward(rng.random((4, 6)), rng.integers(0, 3, 4))
         model.backward()
-        opt.step(model.grads)
+        opt.step()
     state = TrainingState(
         params=model.params,
         optimizer=opt.state_dict(),
@@ -39,8 +39,8 @@ def test_only_rank_0_writes(tmp_path: Path) -> None:
     assert save(tmp_path / "ck", state, rank=1) is None
     assert not (tmp_path / "ck").exists()  # not even the directory
     written = save(tmp_path / "ck", state, rank=0)
-    assert written == tmp_path / "ck" / "ckpt-00000003.npz"
-    assert sorted(os.listdir(tmp_path / "ck")) == ["ckpt-00000003.npz"]  # no temp file left
+    assert written == tmp_path / "ck" / "ckpt-00000003.pt"
+    assert sorted(os.listdir(tmp_path / "ck")) == ["ckpt-00000003.pt"]  # no temp file left
 
 
 def test_round_trip(tmp_path: Path) -> None:
@@ -52,12 +52,12 @@ def test_round_trip(tmp_path: Path) -> None:
     assert back.extra == {"note": "test"}
     for name, p in model.params.items():
         assert np.array_equal(back.params[name], p) and back.params[name].dtype == np.float32
-    other = Adam(MLP([6, 4, 3], seed=9).params, lr=0.5)
+    other = torch.optim.Adam(Trainable(build_model("mlp", 6, 3, seed=9, hidden=4)).trained)
     other.load_state_dict(back.optimizer)
-    assert other.defaults == opt.defaults
-    for name, buffers in opt.state.items():
-        for key, value in buffers.items():
-            assert np.array_equal(other.state[name][key], value)
+    assert other.param_groups[0]["betas"] == (0.8, 0.99)
+    for mine, theirs in zip(opt.state.values(), other.state.values(), strict=True):
+        for key, value in mine.items():
+            assert torch.equal(theirs[key], value)
     rng = np.random.default_rng()
     rng.bit_generator.state = back.rng  # type: ignore[assignment]
     expected = np.random.default_rng(5)
@@ -97,8 +97,8 @@ def test_a_crash_mid_save_leaves_the_previous_checkpoint(
     with pytest.raises(OSError, match="power cut"):
         save(tmp_path, newer, rank=0)
     monkeypatch.undo()
-    assert sorted(os.listdir(tmp_path)) == ["ckpt-00000002.npz"]
-    assert latest(tmp_path) == tmp_path / "ckpt-00000002.npz"
+    assert sorted(os.listdir(tmp_path)) == ["ckpt-00000002.pt"]
+    assert latest(tmp_path) == tmp_path / "ckpt-00000002.pt"
 
 
 def test_latest_skips_unreadable_and_temporary_files(tmp_path: Path) -> None:
@@ -107,7 +107,10 @@ def test_latest_skips_unreadable_and_temporary_files(tmp_path: Path) -> None:
     for step in (1, 5):
         s, _, _ = _state(step=step)
         save(tmp_path, s, rank=0)
-    good = (tmp_path / "ckpt-00000005.npz").read_bytes()
-    (tmp_path / "ckpt-00000009.npz").write_bytes(good[: len(good) // 2])  # truncated copy
-    (tmp_path / ".ckpt-00000012.npz.tmp-1-2").write_bytes(good)
-    assert latest(tmp_path) == tmp_path / "ckpt-00000005.npz"
+    good = (tmp_path / "ckpt-00000005.pt").read_bytes()
+    (tmp_path / "ckpt-00000009.pt").write_bytes(good[: len(good) // 2])  # truncated copy
+    (tmp_path / ".ckpt-00000012.pt.tmp-1-2").write_bytes(good)
+    (tmp_path / "ckpt-00000007.pt").write_bytes(b"not a checkpoint")
+    assert latest(tmp_path) == tmp_path / "ckpt-00000005.pt"
+    with pytest.raises(InvalidRequest, match="not a readable training checkpoint"):
+        load(tmp_path / "ckpt-00000007.pt", device="rdu-n0-s0")

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from rdurack.workloads.training.backend import Backend, ThreadGroup
 from rdurack.workloads.training.data import synthetic
 from rdurack.workloads.training.ddp import Bucket, DistributedDataParallel, assign_buckets
 from rdurack.workloads.training.diagnostics import REPLICAS_DIFFER
 from rdurack.workloads.training.distributed import Distributed, NotInitialized
-from rdurack.workloads.training.models import MLP, Model, ModelName, build_model
-from rdurack.workloads.training.optim import SGD, Adam, Optimizer
+from rdurack.workloads.training.models import ModelName, Trainable, build_model
 
 STEPS = 6
 GLOBAL_BATCH = 32
@@ -28,17 +28,27 @@ def test_buckets_follow_torchs_rule() -> None:
         Bucket(2, ("a",), 100, 400),
     ]
     # torch's defaults (1 MiB first, 25 MiB after) put a small model in one bucket.
-    model = MLP([64, 64, 10])
+    model = _mlp([64, 64, 10])
     (only,) = assign_buckets([(n, p.size, p.itemsize) for n, p in model.params.items()])
     assert only.params == ("layers.1.bias", "layers.1.weight", "layers.0.bias", "layers.0.weight")
-    assert only.nbytes == 4 * model.num_parameters()
+    assert only.nbytes == 4 * sum(p.size for p in model.params.values())
 
 
-def _optimizer(kind: str, model: Model) -> Optimizer:
+def _mlp(sizes: list[int], seed: int = 0) -> Trainable:
+    hidden = sizes[1:-1]
+    return Trainable(build_model("mlp", sizes[0], sizes[-1], seed, hidden[0], len(hidden)))
+
+
+def _model(name: ModelName, seed: int, dtype: type) -> Trainable:
+    net = build_model(name, 64, 10, seed=seed)
+    return Trainable(net.double() if dtype == np.float64 else net)
+
+
+def _optimizer(kind: str, model: Trainable) -> torch.optim.Optimizer:
     return (
-        SGD(model.params, lr=0.1, momentum=0.9, weight_decay=1e-4)
+        torch.optim.SGD(model.trained, lr=0.1, momentum=0.9, weight_decay=1e-4)
         if kind == "sgd"
-        else (Adam(model.params, lr=0.01))
+        else (torch.optim.Adam(model.trained, lr=0.01))
     )
 
 
@@ -57,31 +67,30 @@ def test_ddp_equals_single_process_on_the_global_batch(
         lo = step * GLOBAL_BATCH
         return data.x[lo : lo + GLOBAL_BATCH], data.y[lo : lo + GLOBAL_BATCH]
 
-    reference = build_model(model_name, 64, 10, seed=0, dtype=dtype)
+    reference = _model(model_name, 0, dtype)
     opt = _optimizer(kind, reference)
     for s in range(STEPS):
         reference.forward(*batches(s))
         reference.backward()
-        opt.step(reference.grads)
+        opt.step()
 
     def rank_body(b: Backend) -> dict[str, np.ndarray]:
         dist = Distributed(b)
         dist.init_process_group("rdulink", world_size=world, rank=b.rank)
         # Different seeds per rank: the broadcast from rank 0 must make them agree.
-        model = build_model(model_name, 64, 10, seed=b.rank, dtype=dtype)
+        model = _model(model_name, b.rank, dtype)
         ddp = DistributedDataParallel(
             model, dist, bucket_cap_bytes=4096, first_bucket_cap_bytes=512
         )
-        assert (
-            len(ddp.buckets) >= 2
-            and sum(ddp.bucket_bytes) == model.dtype.itemsize * model.num_parameters()
+        assert len(ddp.buckets) >= 2 and sum(ddp.bucket_bytes) == sum(
+            p.nbytes for p in model.params.values()
         )
         local_opt = _optimizer(kind, model)
         for s in range(STEPS):
             x, y = batches(s)
             ddp.forward(x[b.rank :: world], y[b.rank :: world])  # an equal shard each
             ddp.backward()
-            local_opt.step(model.grads)
+            local_opt.step()
         assert ddp.diagnostics == []
         return model.params
 
@@ -98,14 +107,14 @@ def test_without_broadcast_replicas_differ_and_are_diagnosed() -> None:
     def rank_body(b: Backend) -> tuple[DistributedDataParallel, dict[str, np.ndarray]]:
         dist = Distributed(b)
         dist.init_process_group("rdulink", world_size=2, rank=b.rank)
-        model = MLP([16, 8, 3], seed=100 + b.rank)
+        model = _mlp([16, 8, 3], seed=100 + b.rank)
         ddp = DistributedDataParallel(model, dist, broadcast_parameters=False, check_every=2)
-        opt = SGD(model.params, lr=0.1)
+        opt = torch.optim.SGD(model.trained, lr=0.1)
         for s in range(4):
             lo = 16 * s + 8 * b.rank
             ddp.forward(data.x[lo : lo + 8], data.y[lo : lo + 8])
             ddp.backward()
-            opt.step(model.grads)
+            opt.step()
         return ddp, model.params
 
     (ddp0, p0), (ddp1, p1) = ThreadGroup(2, timeout_s=30).run(rank_body)
@@ -126,7 +135,7 @@ def test_identical_replicas_pass_the_check() -> None:
     def rank_body(b: Backend) -> float:
         dist = Distributed(b)
         dist.init_process_group("rdulink", world_size=3, rank=b.rank)
-        ddp = DistributedDataParallel(MLP([8, 4, 2], seed=b.rank), dist)
+        ddp = DistributedDataParallel(_mlp([8, 4, 2], seed=b.rank), dist)
         return ddp.check_replicas()
 
     assert ThreadGroup(3, timeout_s=30).run(rank_body) == [0.0, 0.0, 0.0]
@@ -134,4 +143,4 @@ def test_identical_replicas_pass_the_check() -> None:
 
 def test_ddp_needs_an_initialized_process_group() -> None:
     with pytest.raises(NotInitialized, match="init_process_group"):
-        DistributedDataParallel(MLP([4, 2]), Distributed(ThreadGroup(1).backend(0)))
+        DistributedDataParallel(_mlp([4, 3, 2]), Distributed(ThreadGroup(1).backend(0)))

@@ -124,7 +124,7 @@ def test_only_rank_0_checkpoints_and_resume_continues_identically(tmp_path: Path
     # 674 samples per rank in batches of 16: 42 steps per epoch, so 50 cross into epoch 1.
     full = train_threaded(TrainSpec(steps=50, **base), tmp_path / "full")
     assert [Path(p).name for p in full[0].checkpoints] == [
-        f"ckpt-{s:08d}.npz" for s in (10, 20, 30, 40, 50)
+        f"ckpt-{s:08d}.pt" for s in (10, 20, 30, 40, 50)
     ]
     assert full[1].checkpoints == []  # rank 1 wrote nothing
     assert load(full[0].checkpoints[-1], device="rdu-n0-s0").step == 50

@@ -5,21 +5,21 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 from pydantic import ValidationError
+from torch import nn
 
 from rdurack.errors import InvalidRequest, OutOfMemory
 from rdurack.rack.memory import TieredMemory
 from rdurack.rack.presets import platform
 from rdurack.rack.spec import Tier
 from rdurack.workloads.training.backend import ThreadGroup
-from rdurack.workloads.training.blocks import BlockSplit
-from rdurack.workloads.training.job import TrainingWorkload, numpy_plan
+from rdurack.workloads.training.job import TrainingWorkload, built_in_plan
 from rdurack.workloads.training.loop import train, train_threaded
 from rdurack.workloads.training.memory import MemoryAccount
 from rdurack.workloads.training.memory_plan import plan_memory
-from rdurack.workloads.training.models import Model
+from rdurack.workloads.training.models import Model, build_split, views
 from rdurack.workloads.training.movement import EffectiveMovement
-from rdurack.workloads.training.optim import SGD
 from rdurack.workloads.training.progressive import Stage, placement, stage_order
 from rdurack.workloads.training.rank import RankContext, StageEvent, TrainSpec
 from rdurack.workloads.training.shrunken import (
@@ -27,7 +27,6 @@ from rdurack.workloads.training.shrunken import (
     parameters,
     shrunken_candidates,
 )
-from tests.support.grad_check import grad_check
 
 RACK = platform("sn40l-rack16")
 SOCKET = RACK.socket
@@ -135,8 +134,12 @@ def test_placement_keeps_grown_blocks_in_hbm_and_the_rest_in_ddr() -> None:
 # ------------------------------------------------------------------ the block split
 
 
+def _params(split: nn.Module, module: nn.Module) -> dict[str, np.ndarray]:
+    return views(split, list(module.parameters()))
+
+
 def test_a_stage_model_trains_its_block_and_output_module_only() -> None:
-    split = BlockSplit(64, 16, 10, blocks=3, seed=1, dtype=np.float64)
+    split = build_split(64, 16, 10, blocks=3, seed=1).double()
     stage = split.stage(2)
     assert list(stage.params) == ["layers.2.weight", "layers.2.bias", "layers.3.weight",
                                   "layers.3.bias"]  # fmt: skip
@@ -144,14 +147,17 @@ def test_a_stage_model_trains_its_block_and_output_module_only() -> None:
     assert set(stage.frozen) == {f"layers.{i}.{p}" for i in (0, 1) for p in ("weight", "bias")}
     x = np.random.default_rng(0).standard_normal((5, 64))
     y = np.array([0, 1, 2, 3, 4])
-    grad_check(stage, x, y)
     stage.forward(x, y)
-    # Kept for backward: the block's input and output and d(loss)/d(logits), no more.
-    assert stage.saved_bytes() == 5 * (16 + 16 + 10) * 8
+    # Kept for backward: the block's input and output and the log-probabilities (float64),
+    # the labels (int64) and cross-entropy's total weight (a scalar); nothing of the
+    # frozen blocks.
+    assert stage.saved_bytes() == 5 * (16 + 16 + 10) * 8 + 5 * 8 + 8
     stage.backward()
     assert stage.saved_bytes() == 0
     # The last block's output module is the MLP's classifier: the grown model is the MLP.
-    np.testing.assert_array_equal(stage.logits(x), split.mlp.logits(x))
+    with torch.no_grad():
+        mlp = split(torch.from_numpy(x)).numpy()
+    np.testing.assert_array_equal(stage.logits(x), mlp)
     assert list(split.stage(0).params)[2:] == ["outputs.0.weight", "outputs.0.bias"]
 
 
@@ -213,19 +219,19 @@ def test_stages_end_by_the_metric_or_the_budget_and_frozen_blocks_stay_put() -> 
 
 def test_a_frozen_block_is_left_alone_by_later_stages() -> None:
     """Training block 1 and block 2 never touches block 0's arrays."""
-    split = BlockSplit(64, 16, 10, blocks=3, seed=0)
-    before = {k: v.copy() for k, v in split.block(0).items()}
+    split = build_split(64, 16, 10, blocks=3, seed=0)
+    before = {k: v.copy() for k, v in _params(split, split.block(0)).items()}
     x = np.random.default_rng(0).standard_normal((8, 64)).astype(np.float32)
     y = np.arange(8) % 10
     for i in (1, 2):
         model = split.stage(i)
-        opt = SGD(model.params, lr=0.5, momentum=0.9)
+        opt = torch.optim.SGD(model.trained, lr=0.5, momentum=0.9)
         for _ in range(5):
             model.forward(x, y)
             model.backward()
-            opt.step(model.grads)
-        assert set(opt.state) == set(model.params)  # no optimizer state for frozen blocks
-    for name, value in split.block(0).items():
+            opt.step()
+        assert len(opt.state) == len(model.params)  # no optimizer state for frozen blocks
+    for name, value in _params(split, split.block(0)).items():
         np.testing.assert_array_equal(value, before[name], err_msg=name)
 
 
@@ -254,11 +260,11 @@ def test_progressive_training_runs_on_16_ranks() -> None:
 def test_frozen_blocks_keep_no_gradients_optimizer_state_or_activations() -> None:
     spec = TrainSpec(strategy="progressive", epochs=1, **DEFAULT)
     plan = plan_memory(spec, SOCKET)
-    split = BlockSplit(64, 64, 10, 4)
+    split = build_split(64, 64, 10, 4, seed=0)
     local, f32 = 16, 4
 
-    def nbytes(params: dict[str, np.ndarray]) -> int:
-        return sum(p.nbytes for p in params.values())
+    def nbytes(module: nn.Module) -> int:
+        return sum(p.nbytes for p in _params(split, module).values())
 
     for sp in plan.stages:
         assert sp.stage.block is not None
@@ -268,7 +274,9 @@ def test_frozen_blocks_keep_no_gradients_optimizer_state_or_activations() -> Non
         assert parts["gradients"] == trained  # of the block and its output module only
         assert parts["optimizer"] == trained  # SGD's momentum, the same
         width_in = 64  # block 0 reads 64 pixels, later blocks 64 hidden units
-        assert parts["activations"] == local * (width_in + 64 + 10) * f32
+        # The block's input and output, the log-probabilities; the labels (int64) and
+        # cross-entropy's total weight (a scalar). Nothing of the frozen blocks.
+        assert parts["activations"] == local * (width_in + 64 + 10) * f32 + local * 8 + f32
         assert parts["movement"] == 256 * 32
         # Weights: blocks 0..i in HBM, the rest in DDR.
         in_hbm = [p for p, (t, _) in sp.parts.items() if t == Tier.HBM and p.startswith("block.")]
@@ -276,12 +284,13 @@ def test_frozen_blocks_keep_no_gradients_optimizer_state_or_activations() -> Non
         assert sp.peak_bytes["hbm"] == sum(n for t, n in sp.parts.values() if t == Tier.HBM)
     full = plan_memory(spec.model_copy(update={"strategy": "full"}), SOCKET)
     (only,) = full.stages
-    whole = nbytes(split.mlp.params)
+    whole = sum(p.nbytes for p in split.layers.parameters())
     assert only.hbm_parts() == {
         "weights": whole,
         "gradients": whole,
         "optimizer": whole,
-        "activations": local * (64 + 4 * 64 + 10) * f32,  # every layer's input
+        # Every layer's input, the log-probabilities, the labels, the total weight.
+        "activations": local * (64 + 4 * 64 + 10) * f32 + local * 8 + f32,
         "movement": 0,
     }
     # The acceptance's memory figure, from the plans: at least 40% less HBM.
@@ -330,7 +339,9 @@ def test_the_account_frees_before_it_allocates_and_moves_take_copy_time() -> Non
 def test_the_largest_shrunken_model_that_fits_is_chosen_from_depth_and_width() -> None:
     w = TrainingWorkload(epochs=30, hbm_cap_bytes=128_000, **DEFAULT)
     grown = w.model_copy(update={"strategy": "progressive", "epochs": 5})
-    assert numpy_plan(grown, RACK).peak(Tier.HBM) <= 128_000 < numpy_plan(w, RACK).peak(Tier.HBM)
+    assert (
+        built_in_plan(grown, RACK).peak(Tier.HBM) <= 128_000 < built_in_plan(w, RACK).peak(Tier.HBM)
+    )
     best = largest_shrunken(w, RACK)
     assert best.workload.strategy == "full" and best.workload.epochs == 30
     assert best.peak_hbm_bytes <= 128_000
@@ -343,7 +354,7 @@ def test_the_largest_shrunken_model_that_fits_is_chosen_from_depth_and_width() -
         wider = best.workload.model_copy(update={"hidden": best.workload.hidden + 1})
     else:
         wider = best.workload.model_copy(update={"blocks": best.workload.blocks + 1})
-    assert numpy_plan(wider, RACK).peak(Tier.HBM) > 128_000
+    assert built_in_plan(wider, RACK).peak(Tier.HBM) > 128_000
     tiny = w.model_copy(update={"hbm_cap_bytes": 1_000})
     with pytest.raises(InvalidRequest, match="no shrunken mlp"):
         largest_shrunken(tiny, RACK)
@@ -377,14 +388,14 @@ def test_the_comparison_runs_full_progressive_and_the_shrunken_model() -> None:
 
     # The default configuration's cap sits between the two strategies' planned peaks.
     assert (
-        numpy_plan(progressive(), RACK).peak(Tier.HBM)
+        built_in_plan(progressive(), RACK).peak(Tier.HBM)
         <= HBM_CAP_BYTES
-        < numpy_plan(DEFAULT, RACK).peak(Tier.HBM)
+        < built_in_plan(DEFAULT, RACK).peak(Tier.HBM)
     )
     small = TrainingWorkload(
         blocks=3, hidden=16, world_size=2, global_batch=32, steps=4, dataset="synthetic"
     )
-    cap = numpy_plan(small.model_copy(update={"strategy": "progressive"}), RACK).peak(Tier.HBM)
+    cap = built_in_plan(small.model_copy(update={"strategy": "progressive"}), RACK).peak(Tier.HBM)
     c = compare(small, cap=cap, seed=1)
     assert c.full.workload.hbm_cap_bytes == 0 and c.full.peak_hbm_bytes > cap
     assert c.progressive.peak_hbm_bytes <= cap and c.progressive.workload.seed == 1
