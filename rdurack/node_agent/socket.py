@@ -51,6 +51,7 @@ if TYPE_CHECKING:
     # training stack is about a third of what a socket actor imports at its start
     # (~50 of ~145 ms on this machine), paid by 16 actors in every bring-up.
     from rdurack.node_agent.training.runner import RankRunner
+    from rdurack.node_agent.training.script_thread import ScriptThread
     from rdurack.workloads.training.job import RankReport, TrainingWorkload
 
 
@@ -99,6 +100,8 @@ class Socket(Serving):
         self._models = builtin_models()
         self._program: ProgramRunner | None = None  # the running job's program state
         self._trainer: RankRunner | None = None  # the running job's DDP rank
+        # A stopped script's thread that had not ended when its job released the socket.
+        self._lingering: ScriptThread | None = None
         self._drawn: str | None = None  # the job whose kernel step's collectives are drawn
 
     # ------------------------------------------------------------------ identity, links
@@ -167,11 +170,15 @@ class Socket(Serving):
             return False
         self._held.release(job_id)
         self.job = None
-        self._endpoint.mailbox.reset()
         self._program = None
         if self._trainer is not None:
-            self._trainer.close()
+            # A script still running (its job cancelled, or failed elsewhere) stops: its
+            # next operator raises, and a wait for a peer in a collective ends now.
+            self._trainer.request_stop()
+            self._endpoint.mailbox.abort(f"job {job_id} ended")
+            self._lingering = self._trainer.close()
             self._trainer = None
+        self._endpoint.mailbox.reset()
         return True
 
     def _hold(self, job_id: str) -> None:
@@ -328,6 +335,14 @@ class Socket(Serving):
         self._hold(job_id)
         if self._trainer is None or self._trainer.job_id != job_id:
             from rdurack.node_agent.training.runner import RankRunner  # see the imports
+
+            if self._lingering is not None and not self._lingering.join(workload.wall_timeout_s):
+                raise InvalidRequest(
+                    f"{self.name}: {self._lingering.name} of an earlier job was stopped "
+                    "and still runs (no torch operator to stop it at); this socket takes "
+                    "a new training job once it ends"
+                )
+            self._lingering = None
 
             self._trainer = RankRunner(
                 self, job_id, workload, platform_name, group, self._models, checkpoint_dir

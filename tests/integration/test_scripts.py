@@ -3,7 +3,9 @@ process group over the gRPC links, jobs through the orchestrator."""
 
 from __future__ import annotations
 
+import re
 import runpy
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,7 +17,7 @@ from rdurack.v1 import common_pb2, job_pb2
 from rdurack.workloads.training.script_files import log_path, work_dir
 from tests.support.agents import ServedAgent
 from tests.support.cli import rdu, rdu_json
-from tests.support.control import FAILED, SUCCEEDED, Control, submit, wait_terminal
+from tests.support.control import CANCELLED, FAILED, SUCCEEDED, Control, submit, wait_terminal
 
 pytestmark = pytest.mark.integration
 
@@ -38,9 +40,24 @@ def run(
     timeout_s: float = 300,
     wall_timeout_s: float = 0.0,
     timeout_late_s: float = 0.0,
+    run_timeout_s: float = 0.0,
 ) -> job_pb2.Job:
+    spec = script_job(source, world, *args, wall_timeout_s=wall_timeout_s,
+                      timeout_late_s=timeout_late_s, run_timeout_s=run_timeout_s)  # fmt: skip
+    job = submit(control.jobs, spec)
+    return wait_terminal(control.jobs, [job.id], timeout_s=timeout_s)[job.id]
+
+
+def script_job(
+    source: str | bytes,
+    world: int,
+    *args: str,
+    wall_timeout_s: float = 0.0,
+    timeout_late_s: float = 0.0,
+    run_timeout_s: float = 0.0,
+) -> job_pb2.JobSpec:
     text = source if isinstance(source, bytes) else source.encode()
-    spec = job_pb2.JobSpec(
+    return job_pb2.JobSpec(
         name="script-test",
         payload_mode=common_pb2.PAYLOAD_MODE_FUNCTIONAL,
         training=job_pb2.TrainingJob(
@@ -50,10 +67,9 @@ def run(
             script_args=list(args),
             wall_timeout_s=wall_timeout_s,
             timeout_s=timeout_late_s,
+            run_timeout_s=run_timeout_s,
         ),
     )
-    job = submit(control.jobs, spec)
-    return wait_terminal(control.jobs, [job.id], timeout_s=timeout_s)[job.id]
 
 
 def job_dir(control: Control, job: job_pb2.Job) -> Path:
@@ -228,3 +244,60 @@ def test_a_rank_that_raises_fails_the_job_with_its_own_error_not_a_timeout(
     assert "rank 2" in job.error_message and "shard 2 is corrupt" in job.error_message
     # The others did not wait out their 600 s for rank 2 (the test's own wait is 500 s):
     # the job ended when rank 2 failed.
+
+
+# Trains until something stops it: the job's cancellation or its run_timeout_s.
+ENDLESS = """
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("rdu")
+model = torch.nn.Linear(8, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+while True:
+    opt.zero_grad()
+    model(torch.ones(4, 8)).sum().backward()
+    for p in model.parameters():
+        dist.all_reduce(p.grad)
+    opt.step()
+"""
+
+
+def _stopped_in_logs(control: Control, job: job_pb2.Job, why: str, world: int) -> bool:
+    """Every rank's log says its script stopped for `why` (written as its thread ends,
+    after the job's end: waited for with a deadline)."""
+    deadline = time.monotonic() + 60
+    logs = [log_path(job_dir(control, job), r) for r in range(world)]
+    while time.monotonic() < deadline:
+        if all(p.exists() and f"stopped: {why}" in p.read_text() for p in logs):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_a_running_script_shows_its_steps_and_stops_when_cancelled(trainer: Control) -> None:
+    job = submit(trainer.jobs, script_job(ENDLESS, 2, wall_timeout_s=30))
+    steps: list[int] = []
+    events = trainer.jobs.WatchJob(job_pb2.WatchJobRequest(job_id=job.id), timeout=240)
+    for event in events:
+        said = event.progress.message if event.WhichOneof("event") == "progress" else ""
+        if match := re.fullmatch(r"step (\d+)", said):  # a script's total is its own
+            steps.append(int(match[1]))
+            if steps[-1] >= 3:
+                trainer.jobs.CancelJob(job_pb2.CancelJobRequest(job_id=job.id, reason="enough"))
+                break
+    events.cancel()
+    assert steps == sorted(steps) and steps[-1] >= 3, steps  # live, while it ran
+    done = wait_terminal(trainer.jobs, [job.id], timeout_s=120)[job.id]
+    assert done.state == CANCELLED, done.error_message
+    assert _stopped_in_logs(trainer, done, "its job ended", 2)
+    # Its sockets are free for the next script.
+    again = run(trainer, "import torch.distributed as d\nd.init_process_group('rdu')\n", 2)
+    assert again.state == SUCCEEDED, again.error_message
+
+
+def test_a_script_past_its_run_timeout_is_stopped_and_fails_the_job(trainer: Control) -> None:
+    job = run(trainer, ENDLESS, 2, wall_timeout_s=30, run_timeout_s=3)
+    assert job.state == FAILED
+    assert "stopped: it ran past run_timeout_s (3 s)" in job.error_message, job.error_message
+    assert "rank 0" in job.error_message or "rank 1" in job.error_message

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from opentelemetry.context import Context
 
-from rdurack.errors import InvalidRequest
+from rdurack.errors import InvalidRequest, RdurackError
 from rdurack.node_agent.timeline.hardware_trace import HardwareTrace
 from rdurack.node_agent.training.backend import LinkBackend
 from rdurack.node_agent.training.host import RankHost
@@ -35,7 +35,13 @@ from rdurack.rack.memory import TieredMemory
 from rdurack.rack.models import ModelSpec
 from rdurack.rack.presets import platform as preset
 from rdurack.rack.spec import PlatformSpec, Tier
-from rdurack.workloads.training.job import RankReport, TrainingWorkload, model_cost, step_cost
+from rdurack.workloads.training.job import (
+    SCRIPT_PROGRESS_S,
+    RankReport,
+    TrainingWorkload,
+    model_cost,
+    step_cost,
+)
 from rdurack.workloads.training.memory import MemoryAccount
 from rdurack.workloads.training.rank import (
     CheckpointEvent,
@@ -48,7 +54,12 @@ from rdurack.workloads.training.rank import (
 if TYPE_CHECKING:  # torch: the runner imports it where a built-in model, a script or a
     # client's function runs
     from rdurack.node_agent.training.script import ScriptRank
+    from rdurack.node_agent.training.script_memory import TensorMemory
+    from rdurack.node_agent.training.script_thread import ScriptThread
     from rdurack.workloads.training.models import Model
+
+
+JOB_ENDED = "its job ended"  # why a script still running when its job ends stops
 
 
 class RankRunner:
@@ -89,6 +100,8 @@ class RankRunner:
         self.recorder = RankRecorder(self.rank, w.blocks)
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else None
         self._script: ScriptRank | None = None
+        self._thread: ScriptThread | None = None  # a script's, once it started
+        self._tensors: TensorMemory | None = None
         self._start_ns = socket.clock.now_ns
         self._steps: Generator[StepInfo, None, RankResult | None] | None = None
         self._step = StepInfo(0, 0, 0.0)
@@ -135,7 +148,7 @@ class RankRunner:
         if self._result is not None:
             return losses
         if self.w.user_code:
-            self._result = self._run_script()
+            self._result = self._script_segment(steps)
             return losses
         if self._steps is None:
             self._steps = self._make_steps()
@@ -245,9 +258,19 @@ class RankRunner:
         b.settle()
         return None
 
-    def _run_script(self) -> dict[str, Any]:
-        """The job's script (or its client's function), once, as this rank; its
-        figures per optimizer step."""
+    def _script_segment(self, steps: int) -> dict[str, Any] | None:
+        """The job's script (or its client's function) as this rank: started in a
+        thread at the first call, then waited for up to `steps` more optimizer steps
+        (0: a window of wall time); its result once it has ended."""
+        if self._thread is None:
+            self._start_script()
+        assert self._thread is not None and self._script is not None
+        streams = self._script.links.streams
+        ended = self._thread.wait(steps, SCRIPT_PROGRESS_S)
+        self._step = StepInfo(streams.steps, streams.steps if ended else 0, float("nan"))
+        return self._script_result() if ended else None
+
+    def _start_script(self) -> None:
         if self.checkpoint_dir is None:
             raise InvalidRequest(
                 "a script job needs a job directory: start the orchestrator with a "
@@ -259,21 +282,26 @@ class RankRunner:
         # heartbeats starved once).
         from rdurack.node_agent.training.script import ScriptRank
         from rdurack.node_agent.training.script_memory import TensorMemory
+        from rdurack.node_agent.training.script_thread import ScriptThread
 
-        self._script = ScriptRank(
-            self.socket, self.job_id, self.group, self.rank, self.w, self.platform
+        script = ScriptRank(self.socket, self.job_id, self.group, self.rank, self.w, self.platform)
+        self._script, self._tensors = script, TensorMemory(self.account)
+        job_dir, memory = self.checkpoint_dir, self._tensors
+        name = f"rank {self.rank} ({self.socket.name})"
+        self._thread = ScriptThread(
+            lambda: script.run(job_dir, memory), script.links.streams, self.w.run_timeout_s, name
         )
-        memory = TensorMemory(self.account)
-        try:
-            streams = self._script.run(self.checkpoint_dir, memory)
-        finally:
-            self._memory = memory.breakdown()
+
+    def _script_result(self) -> dict[str, Any]:
+        """A finished script's figures per optimizer step."""
+        assert self._script is not None and self._tensors is not None
+        self._memory = self._tensors.breakdown()
         self._loop_result = self._script.returned
+        streams = self._script.links.streams
         b = self.backend
         b.all_reduce_ns, b.exposed_ns = streams.all_reduce_ns, streams.exposed_ns
         b.compute_s = streams.compute_ns * 1e-9
         steps = max(streams.steps, 1)
-        self._step = StepInfo(streams.steps, streams.steps, float("nan"))
         checks = self._script.links.checks
         assert checks is not None
         return {
@@ -292,7 +320,27 @@ class RankRunner:
             },
         }
 
-    def close(self) -> None:
+    def request_stop(self, reason: str = JOB_ENDED) -> None:
+        """Ask this rank's script, if it still runs, to stop (script_thread.py)."""
+        if self._thread is not None:
+            self._thread.request_stop(reason)
+
+    def stopping(self) -> ScriptThread | None:
+        """Stop this rank's script if it still runs (the job ended without it: cancelled,
+        or another rank failed); its thread if that has not ended yet."""
+        thread = self._thread
+        if thread is None or not thread.alive:
+            return None
+        try:
+            thread.stop(JOB_ENDED)
+        except RdurackError:
+            return thread
+        return None
+
+    def close(self) -> ScriptThread | None:
+        """Free what the rank holds; a script's thread that did not stop yet."""
+        lingering = self.stopping()
         if self._script is not None:
             self._script.close()
         self.account.close()
+        return lingering

@@ -182,6 +182,10 @@ class RankRun:
                 if e.code not in (None, 0):
                     raise ScriptFailed(rank, me, f"{name} exited with code {e.code}") from None
             except BaseException as e:  # the rank's own errors: the job's error names them
+                stopped = links.streams.stop_reason  # the job stopped it (script_thread.py):
+                if stopped is not None:  # at an operator, or in a collective it ended
+                    print(f"rdurack: {name} stopped: {stopped}", file=out)
+                    raise ScriptFailed(rank, me, f"stopped: {stopped}") from None
                 traceback.print_exc(file=out)
                 tail = traceback.format_exception(e)[-TRACEBACK_LINES:]
                 raise ScriptFailed(rank, me, "".join(tail).strip()) from None

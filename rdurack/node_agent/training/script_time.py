@@ -33,9 +33,14 @@ from torch.optim.optimizer import (
 from torch.utils.flop_counter import FlopCounterMode
 from torch.utils.hooks import RemovableHandle
 
+from rdurack.errors import RdurackError
 from rdurack.node_agent.training.script_kernels import Kernels
 from rdurack.node_agent.training.script_memory import TensorMemory
 from rdurack.rack.clock import EmulatedClock
+
+
+class ScriptStopped(RdurackError):
+    """Raised inside a rank's script, at its next operator, when the job stops it."""
 
 
 def in_backward() -> bool:
@@ -65,12 +70,17 @@ class Streams:
         self.operators = 0
         self.step_ends_ns: list[int] = []  # compute stream at each optimizer step's end
         self._paused = 0  # inside a collective: its tensor copies are not compute
+        self.on_step: Callable[[], None] = lambda: None  # told after each optimizer step
+        # Set (from another thread) to stop the script: its next operator raises.
+        self.stop_reason: str | None = None
 
     def operator(
         self, flops: float, inputs: list[torch.Tensor], outputs: list[torch.Tensor]
     ) -> None:
         """One operator ran: into the kernels, and the time of any that ended on the
         compute stream."""
+        if self.stop_reason is not None:
+            raise ScriptStopped(self.stop_reason)
         if self._paused:
             return
         if not in_backward():
@@ -140,6 +150,7 @@ class Streams:
     def step_ended(self) -> None:
         self.flush()
         self.step_ends_ns.append(self.clock.now_ns)
+        self.on_step()
 
     @property
     def steps(self) -> int:

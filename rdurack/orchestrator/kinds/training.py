@@ -100,6 +100,7 @@ class TrainingKind:
         name = "" if platform is self.context.platform else platform.name
         losses: list[float] = []
         segment, first = 1, True  # the first segment is one step: it tells the total
+        said = ""  # the last progress message
         while True:
             job.check()
 
@@ -123,17 +124,26 @@ class TrainingKind:
             lead = min(reports, key=lambda r: r.rank)
             losses += [x for x in lead.losses if not math.isnan(x)]  # timing mode: none
             loss = f", loss {losses[-1]:.4f}" if losses else ""
-            # Progressive: the total is every stage's budget; blocks freeze earlier.
-            of = f"at most {lead.total}, {lead.stage}" if w.strategy != "full" else lead.total
-            fraction = lead.step / lead.total if lead.total else 1.0
-            job.progress(
-                fraction, f"step {lead.step} of {of}{loss}", max(r.end_ns for r in reports)
-            )
+            fraction, message = _progress(w, lead, loss)
+            if message != said:  # a script's call may come back with no new step
+                job.progress(fraction, message, max(r.end_ns for r in reports))
+                said = message
             if all(r.finished for r in reports):
                 break
-            segment = max(1, lead.total // self.context.progress_chunks)
+            # A script's total is its own (unknown here): each of its calls comes back
+            # after a window of wall time instead (SCRIPT_PROGRESS_S).
+            segment = 0 if w.user_code else max(1, lead.total // self.context.progress_chunks)
         result = training_result(w, platform, reports, losses, start)
         job.finish(result, end_ns=max(r.end_ns for r in reports))
+
+
+def _progress(w: TrainingWorkload, lead: RankReport, loss: str) -> tuple[float, str]:
+    """The job's progress (a fraction) and its message, from rank 0's report."""
+    if not lead.total:  # a script running: its steps so far, of a total it decides
+        return 0.0, f"step {lead.step}{loss}"
+    # Progressive: the total is every stage's budget; blocks freeze earlier.
+    of = f"at most {lead.total}, {lead.stage}" if w.strategy != "full" else lead.total
+    return lead.step / lead.total, f"step {lead.step} of {of}{loss}"
 
 
 def training_result(

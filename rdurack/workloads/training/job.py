@@ -59,6 +59,10 @@ if TYPE_CHECKING:  # torch: imported where a built-in model is built, not with t
     from rdurack.workloads.training.models import Model
 
 BUILT_IN_MODELS = ("mlp", "transformer")
+# Wall seconds a call waits for a script's steps before it reports its progress, and
+# for a stopped script's thread to end (node_agent/training/script_thread.py).
+SCRIPT_PROGRESS_S = 2.0
+SCRIPT_STOP_S = 10.0
 MAX_LOOP_BYTES = 1 << 20  # a pickled training function, within gRPC's 4 MB messages
 FP32 = 4  # bytes: master weights and optimizer state
 ACTIVATION_BYTES_PER_TOKEN_HIDDEN = 34  # Korthikanti et al. 2023, Sec. 4.1 (BF16)
@@ -112,9 +116,8 @@ class TrainingWorkload(Config):
     script: bytes = Field(default=b"", max_length=MAX_LOOP_BYTES)
     script_name: str = Field(default="", max_length=255)
     script_args: tuple[str, ...] = Field(default=(), max_length=1024)
-    # Wall seconds a script (or a client's loop) may run on a rank: it runs as one call,
-    # not in segments of steps, so this is that call's bound. A rank still running then
-    # fails the job.
+    # Wall seconds a script (or a client's loop) may run on a rank: one still running
+    # then is stopped (its next torch operator raises) and fails the job.
     run_timeout_s: float = Field(default=3600.0, gt=0, le=7 * 86400)
     # How the compute runs: "unfused", "fused-so", "fused-ho"; "": the platform's way
     # (fused-ho where kernels fuse, as on SN40L; unfused on a GPU). A script's operators
@@ -156,8 +159,12 @@ class TrainingWorkload(Config):
 
     def call_timeout_s(self, segment_s: float) -> float:
         """How long a call running this job's ranks may take, given `segment_s` for one
-        segment of steps: a script or a client's loop runs whole in one call."""
-        return self.run_timeout_s + segment_s if self.user_code else segment_s
+        segment of steps. A script's call comes back within SCRIPT_PROGRESS_S, but its
+        first meets the peers at the rendezvous (up to `wall_timeout_s`) and one may stop
+        a script that ran past `run_timeout_s` (up to SCRIPT_STOP_S)."""
+        if not self.user_code:
+            return segment_s
+        return segment_s + self.wall_timeout_s + SCRIPT_PROGRESS_S + SCRIPT_STOP_S
 
     def plan(self, platform: PlatformSpec) -> FusionPlan:
         """The fusion plan the job runs on `platform`."""

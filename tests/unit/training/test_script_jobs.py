@@ -11,7 +11,12 @@ from pydantic import ValidationError
 from rdurack.cli.train import script_job
 from rdurack.errors import InvalidRequest
 from rdurack.orchestrator.logs import MAX_LOG_BYTES, read_logs
-from rdurack.workloads.training.job import MAX_LOOP_BYTES, TrainingWorkload
+from rdurack.workloads.training.job import (
+    MAX_LOOP_BYTES,
+    SCRIPT_PROGRESS_S,
+    SCRIPT_STOP_S,
+    TrainingWorkload,
+)
 from rdurack.workloads.training.script_files import log_path
 
 
@@ -24,7 +29,10 @@ def workload(source: str = "print('hi')\n", **fields: object) -> TrainingWorkloa
 def test_a_script_job_takes_any_world_size_and_says_what_it_trains() -> None:
     w = workload()  # 3 ranks, the default global batch of 64: not the built-in loop's
     assert w.user_code and w.label == "(script train.py)"
-    assert w.call_timeout_s(60.0) == 3600.0 + 60.0  # it runs whole, in one call
+    # Its calls come back within SCRIPT_PROGRESS_S; the first meets the peers (up to
+    # wall_timeout_s), and one may stop a script past run_timeout_s (SCRIPT_STOP_S).
+    assert w.call_timeout_s(60.0) == 60.0 + w.wall_timeout_s + SCRIPT_PROGRESS_S + SCRIPT_STOP_S
+    assert w.call_timeout_s(60.0) < w.run_timeout_s  # not the whole run in one call
 
 
 @pytest.mark.parametrize(
