@@ -155,15 +155,9 @@ class LinkBackend:
         done = self._ring("all_reduce", buffer, nbytes=nbytes, itemsize=itemsize, clock=stream)
         self.all_reduce_ns += stream.now_ns - start
         self.comm_free_ns = stream.now_ns
-        w = self.gradients
-        if w is None:
-            w = self.gradients = GradientWindow(start, stream.now_ns)
-        w.end_ns = stream.now_ns
-        w.nbytes += nbytes
-        w.buckets += 1
-        w.bytes_sent += done.traffic.bytes_sent
-        w.bytes_received += done.traffic.bytes_received
-        w.links.update(done.traffic.links())
+        if self.gradients is None:
+            self.gradients = GradientWindow(start, stream.now_ns)
+        self.gradients.add(stream.now_ns, nbytes, done.traffic)
 
     def broadcast(self, array: Array, src: int) -> None:
         self.settle()

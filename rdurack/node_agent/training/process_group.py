@@ -171,6 +171,8 @@ class RduProcessGroup(dist.ProcessGroup):
                 sequence + what, plan, clock, links.wall_timeout_s, array, sequence
             )
             links.stats.add(op, clock.now_ns - start, plan.nbytes)
+            if clock is not links.streams.clock:  # a gradient all-reduce, in backward
+                links.streams.gradients(start, clock.now_ns, plan.nbytes, out.traffic)
         return out.buffer
 
     def _reduce_op(self, opts: Any) -> str:

@@ -36,6 +36,7 @@ class RankRecorder:
         self.beside: list[TrainSpan] = []  # stages and freezes not yet traced
         self.inside: list[TrainSpan] = []  # the segment's steps and checkpoints
         self.untraced = 0  # the segment's steps without a span (spans.traced)
+        self.steps = 0  # the segment's steps
         self.stage_ns: list[tuple[int, int]] = []  # each ended stage's emulated start, end
         self._stage_began = 0
         self._exposed_mark = 0  # the backend's exposed ns when the last step ended
@@ -93,8 +94,9 @@ class RankRecorder:
         far; `peaks`: the step's peak bytes per tier."""
         exposed, self._exposed_mark = exposed_ns - self._exposed_mark, exposed_ns
         if not traced(info.step, info.total):
-            self.untraced += 1
+            self.skipped()
             return
+        self.steps += 1
         step: dict[str, AttributeValue] = {names.ATTR_RANK: self.rank, names.ATTR_STEP: info.step}
         attributes: dict[str, AttributeValue] = {
             **step,
@@ -118,6 +120,11 @@ class RankRecorder:
             }
             children = (TrainSpan(names.SPAN_TRAIN_ALLREDUCE, w.start_ns, w.end_ns, reduce),)
         self.inside.append(TrainSpan(names.SPAN_TRAIN_STEP, began_ns, end_ns, attributes, children))
+
+    def skipped(self) -> None:
+        """A step ended that gets no span."""
+        self.steps += 1
+        self.untraced += 1
 
     def checkpoint(self, event: CheckpointEvent, now_ns: int) -> None:
         """A checkpoint written or loaded, after the step's all-reduce it holds the
@@ -153,7 +160,7 @@ class RankRecorder:
             report.end_ns,
             {
                 names.ATTR_RANK: report.rank,
-                names.ATTR_STEPS: len(report.losses),
+                names.ATTR_STEPS: self.steps,
                 names.ATTR_STEPS_UNTRACED: self.untraced,
                 names.ATTR_STEP: report.step,
                 names.ATTR_JOB_MODEL: model,
@@ -164,4 +171,4 @@ class RankRecorder:
         )
         hardware.tree(self.inside, trace.set_span_in_context(span), job_id, {})
         hardware.tree(self.beside, parent, job_id, {names.ATTR_JOB_MODEL: model})
-        self.beside, self.inside, self.untraced = [], [], 0
+        self.beside, self.inside, self.untraced, self.steps = [], [], 0, 0

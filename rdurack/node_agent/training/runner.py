@@ -267,6 +267,13 @@ class RankRunner:
         assert self._thread is not None and self._script is not None
         streams = self._script.links.streams
         ended = self._thread.wait(steps, SCRIPT_PROGRESS_S)
+        records, streams.records = streams.records, []
+        for r in records:
+            if r is None:
+                self.recorder.skipped()
+                continue
+            info = StepInfo(r.step, 0, float("nan"))  # total 0: traced (it is recorded)
+            self.recorder.step_ended(info, r.began_ns, r.end_ns, r.gradients, r.exposed_ns, {})
         self._step = StepInfo(streams.steps, streams.steps if ended else 0, float("nan"))
         return self._script_result() if ended else None
 

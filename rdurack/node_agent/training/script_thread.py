@@ -54,11 +54,11 @@ class ScriptThread:
                 self._changed.notify_all()
 
     def wait(self, steps: int, window_s: float) -> bool:
-        """Until `steps` more optimizer steps (0: the whole window), the script's end,
-        or `window_s` wall seconds; whether the script has ended. Raises the script's
+        """Until `steps` more optimizer steps or `window_s` wall seconds (steps 0: until
+        its end), or the script's end; whether the script has ended. Raises the script's
         error, and stops a script that ran past `run_timeout_s`."""
         target = self.streams.steps + steps if steps else None
-        end = min(time.monotonic() + window_s, self._deadline)
+        end = min(time.monotonic() + window_s, self._deadline) if steps else self._deadline
         with self._changed:
             self._changed.wait_for(
                 lambda: self._done or (target is not None and self.streams.steps >= target),

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -36,6 +37,7 @@ from torch.utils.hooks import RemovableHandle
 from rdurack.errors import RdurackError
 from rdurack.node_agent.training.script_kernels import Kernels
 from rdurack.node_agent.training.script_memory import TensorMemory
+from rdurack.node_agent.training.spans import MAX_TRACED_STEPS, GradientWindow, SentAndReceived
 from rdurack.rack.clock import EmulatedClock
 
 
@@ -69,6 +71,12 @@ class Streams:
         self.flops = 0.0
         self.operators = 0
         self.step_ends_ns: list[int] = []  # compute stream at each optimizer step's end
+        # Steps not yet taken by the rank's recorder (runner.py), with their gradients'
+        # all-reduce; None past the first MAX_TRACED_STEPS (a script's total is its own,
+        # so its steps are not spread over the run as the built-in loop's are).
+        self.records: list[StepRecord | None] = []
+        self._window: GradientWindow | None = None  # this step's gradient all-reduce
+        self._began_ns = clock.now_ns  # when this step began: the last one's end
         self._paused = 0  # inside a collective: its tensor copies are not compute
         self.on_step: Callable[[], None] = lambda: None  # told after each optimizer step
         # Set (from another thread) to stop the script: its next operator raises.
@@ -149,8 +157,24 @@ class Streams:
 
     def step_ended(self) -> None:
         self.flush()
-        self.step_ends_ns.append(self.clock.now_ns)
+        now = self.clock.now_ns
+        self.step_ends_ns.append(now)
+        # The rank's recorder takes them (a list's append and its swap for a new one are
+        # atomic under the GIL: the recorder runs on another thread).
+        self.records.append(
+            StepRecord(self.steps, self._began_ns, now, self._window, self.exposed_ns)
+            if self.steps <= MAX_TRACED_STEPS
+            else None
+        )
+        self._began_ns, self._window = now, None
         self.on_step()
+
+    def gradients(self, start_ns: int, end_ns: int, nbytes: int, traffic: SentAndReceived) -> None:
+        """A gradient all-reduce ran on the communication stream (process_group.py):
+        part of this step's window."""
+        if self._window is None:
+            self._window = GradientWindow(start_ns, end_ns)
+        self._window.add(end_ns, nbytes, traffic)
 
     @property
     def steps(self) -> int:
@@ -161,6 +185,17 @@ class Streams:
         (warm-up and DDP's initial broadcast excluded); 0 with fewer than two steps."""
         ends = self.step_ends_ns
         return (ends[-1] - ends[0]) * 1e-9 / (len(ends) - 1) if len(ends) > 1 else 0.0
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One optimizer step of a script, emulated ns, for its span."""
+
+    step: int  # from 1
+    began_ns: int
+    end_ns: int
+    gradients: GradientWindow | None  # its all-reduce in backward, if any
+    exposed_ns: int  # all the communication the compute stream waited for so far
 
 
 class Pricing(FlopCounterMode):

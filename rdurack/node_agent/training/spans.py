@@ -21,6 +21,7 @@ job trains (node_agent/socket.py).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from opentelemetry.util.types import AttributeValue
 
@@ -62,3 +63,21 @@ class GradientWindow:
     bytes_sent: int = 0  # over this rank's links
     bytes_received: int = 0
     links: dict[str, str] = field(default_factory=dict)  # link sent on -> kind, first first
+
+    def add(self, end_ns: int, nbytes: int, traffic: SentAndReceived) -> None:
+        """A bucket's all-reduce of `nbytes` ended at `end_ns`, with `traffic`."""
+        self.end_ns = end_ns
+        self.nbytes += nbytes
+        self.buckets += 1
+        self.bytes_sent += traffic.bytes_sent
+        self.bytes_received += traffic.bytes_received
+        self.links.update(traffic.links())
+
+
+class SentAndReceived(Protocol):
+    """What a collective's traffic tells (timeline/hardware_trace.py's Traffic)."""
+
+    bytes_sent: int
+    bytes_received: int
+
+    def links(self) -> dict[str, str]: ...

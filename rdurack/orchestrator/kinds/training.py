@@ -130,9 +130,11 @@ class TrainingKind:
                 said = message
             if all(r.finished for r in reports):
                 break
-            # A script's total is its own (unknown here): each of its calls comes back
-            # after a window of wall time instead (SCRIPT_PROGRESS_S).
-            segment = 0 if w.user_code else max(1, lead.total // self.context.progress_chunks)
+            # A script's total is its own (unknown here): as many steps again as it has
+            # done, each call coming back within a window of wall time anyway
+            # (SCRIPT_PROGRESS_S).
+            chunk = lead.step if w.user_code else lead.total // self.context.progress_chunks
+            segment = max(1, chunk)
         result = training_result(w, platform, reports, losses, start)
         job.finish(result, end_ns=max(r.end_ns for r in reports))
 

@@ -14,10 +14,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from rdurack.node_agent.socket import Socket
 from rdurack.node_agent.training.script import ScriptFailed
 from rdurack.rack.presets import platform
+from rdurack.telemetry import names
 from rdurack.workloads.training.job import RankReport, TrainingWorkload
 from rdurack.workloads.training.script_files import log_path, work_dir
 
@@ -46,7 +49,7 @@ def train(sockets: list[Socket], job: str, w: TrainingWorkload, job_dir: Path) -
 
     def rank(s: Socket) -> object:
         try:
-            return s.train(job, w, GROUP, checkpoint_dir=str(job_dir))
+            return s.train(job, w, GROUP, checkpoint_dir=str(job_dir))  # 0 steps: to the end
         except Exception as e:  # the test looks at each rank's outcome
             return e
         finally:
@@ -132,3 +135,39 @@ def test_a_rank_that_fails_names_itself_and_why(
 def test_exit_zero_is_success(sockets: list[Socket], tmp_path: Path) -> None:
     (report,) = train(sockets, "job-exit", script("import sys\nsys.exit(0)\n"), tmp_path)
     assert isinstance(report, RankReport) and report.finished
+
+
+def test_a_scripts_steps_are_traced_in_the_segments_that_saw_them(
+    spans: tuple[TracerProvider, InMemorySpanExporter], tmp_path: Path
+) -> None:
+    provider, exporter = spans
+    (s,) = [Socket(sid, RACK, timeout_s=10.0, tracer_provider=provider) for sid in GROUP]
+    s.connect({s.name: s.address()})
+    w = script(EXAMPLE.read_bytes(), "--epochs", "2")
+    reports: list[RankReport] = []
+    try:
+        s.reserve("job-spans")
+        while not (reports and reports[-1].finished):  # a step a call, as the orchestrator
+            reports.append(s.train("job-spans", w, GROUP, steps=1, checkpoint_dir=str(tmp_path)))
+        s.release("job-spans")
+    finally:
+        s.close()
+    done = exporter.get_finished_spans()
+    steps = sorted((x for x in done if x.name == names.SPAN_TRAIN_STEP), key=_step)
+    total = reports[-1].step
+    assert total > 1 and [_step(x) for x in steps] == list(range(1, total + 1))
+    segments = [x for x in done if x.name == names.SPAN_TRAIN]
+    assert len(segments) == len(reports)
+    assert sum(_int(x, names.ATTR_STEPS) for x in segments) == total
+    ids = {x.context.span_id for x in segments if x.context is not None}
+    assert all(x.parent is not None and x.parent.span_id in ids for x in steps)
+
+
+def _int(span: ReadableSpan, attribute: str) -> int:
+    value = (span.attributes or {})[attribute]
+    assert isinstance(value, int)
+    return value
+
+
+def _step(span: ReadableSpan) -> int:
+    return _int(span, names.ATTR_STEP)

@@ -39,12 +39,12 @@ def test_each_call_comes_back_after_its_steps_and_the_last_at_the_end() -> None:
     assert thread.wait(5, LONG_S) is True and streams.steps == 3  # ended before 5 more
 
 
-def test_a_call_with_no_step_to_wait_for_comes_back_after_its_window() -> None:
+def test_a_call_comes_back_after_its_window_or_with_no_steps_asked_at_the_end() -> None:
     streams, go = _streams(), threading.Semaphore(0)
-    thread = ScriptThread(lambda: _stepper(streams, 1, go), streams, 3600, "rank 0")
-    assert thread.wait(0, 0.0) is False and streams.steps == 0
-    go.release()
-    assert thread.wait(1, LONG_S) is True
+    thread = ScriptThread(lambda: _stepper(streams, 2, go), streams, 3600, "rank 0")
+    assert thread.wait(1, 0.0) is False and streams.steps == 0  # the window, no step
+    go.release(2)
+    assert thread.wait(0, 0.0) is True and streams.steps == 2  # 0 steps: to the end
 
 
 def test_the_scripts_error_reaches_the_caller() -> None:
