@@ -3,9 +3,10 @@
 
 What it runs: the built-in loop (workloads/training/loop.py) for the built-in models, its
 passes timed on the socket's clock (training/timed.py); a timing-only loop of the same
-shape for model presets (DDP's traffic and compute as descriptors, no numbers); or, once,
-a torchrun-style script or a client's own function (training/script.py, over the "rdu"
-torch process group). The built-in loops' collectives go over training/backend.py, each
+shape for model presets (DDP's traffic and compute as descriptors, no numbers); or a
+torchrun-style script or a client's own function (training/script.py, over the "rdu"
+torch process group), once, in a thread of its own (training/script_thread.py) that each
+segment waits on for some steps. The built-in loops' collectives go over training/backend.py, each
 waiting at most the workload's `wall_timeout_s` for a peer.
 
 Memory: the built-in loop accounts what it holds, stage by stage, on the socket's tiers
@@ -261,7 +262,8 @@ class RankRunner:
     def _script_segment(self, steps: int) -> dict[str, Any] | None:
         """The job's script (or its client's function) as this rank: started in a
         thread at the first call, then waited for up to `steps` more optimizer steps
-        (0: a window of wall time); its result once it has ended."""
+        or SCRIPT_PROGRESS_S (0 steps: to its end); its steps traced; its result once it
+        has ended."""
         if self._thread is None:
             self._start_script()
         assert self._thread is not None and self._script is not None
