@@ -21,8 +21,7 @@ from rdurack.devtools.bench_figure import BenchFigure
 from rdurack.devtools.bench_serve import ANSWER_TARGET_MS, bench_serve
 from rdurack.devtools.bench_training import progressive_figures
 from rdurack.workloads.training.job import TrainingWorkload
-from rdurack.workloads.training.profl import Comparison, Outcome
-from rdurack.workloads.training.shrunken import Shrunken
+from rdurack.workloads.training.profl import Comparison, Outcome, Shrunken
 
 MET = BenchFigure("fake latency", 1.5, "ms", 2.0, "lower")
 MISSED = BenchFigure("fake throughput", 10.0, "ops/s", 100.0, "higher")

@@ -18,7 +18,8 @@ from rdurack.rack.presets import platform, with_racks
 from rdurack.rack.spec import PlatformSpec
 from rdurack.rack.topology import LinkKind, SocketId, Topology
 from rdurack.rack.whatif import load_platform
-from rdurack.workloads.training.job import TrainingWorkload, predict_scaling
+from rdurack.workloads.training.job import TrainingWorkload
+from rdurack.workloads.training.scaling import predict_scaling
 from tests.support.cli import rdu, rdu_json
 
 RACK = platform("sn40l-rack16")

@@ -5,7 +5,7 @@ collective engine (node_agent/collective_engine.py).
 Streams: gradient buckets are all-reduced on a communication stream of their own:
 bucket i starts when its gradients are ready during backward (or when the previous
 bucket is done) and the stream is a clock of its own, so all-reduce time hides behind
-backward as in torch DDP (overlap.py); the compute stream (the socket's clock) waits
+backward as in torch DDP (scaling.py); the compute stream (the socket's clock) waits
 for it before the next step (`settle`). Other collectives (the initial broadcast,
 replica checks, barriers) run on the socket's clock. Both take the socket's link busy
 times. Clocks of different ranks meet at every transfer (the link rule), so a straggler

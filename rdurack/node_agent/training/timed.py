@@ -4,7 +4,7 @@ times the socket's slowdown (a fault).
 
 `forward` starts after the communication stream (the previous step's all-reduce);
 `backward` marks when each gradient bucket is ready, in proportion to its bytes
-(overlap.py, `split_by_bytes`), for the communication stream to start it then, and ends
+(scaling.py, `split_by_bytes`), for the communication stream to start it then, and ends
 with the process group's lateness check. `TimedModel` wraps a built-in model so that its
 passes do both; a preset model's timing-only loop calls them directly.
 """
@@ -18,7 +18,7 @@ from rdurack.node_agent.training.host import RankHost
 from rdurack.rack.clock import seconds_to_ns
 from rdurack.workloads.training.arrays import Array, Params
 from rdurack.workloads.training.job import StepCost
-from rdurack.workloads.training.overlap import split_by_bytes
+from rdurack.workloads.training.scaling import split_by_bytes
 
 if TYPE_CHECKING:
     from rdurack.workloads.training.models import Model

@@ -9,7 +9,7 @@ model's numpy views of its parameters and gradients (models.Trainable).
   at `first_bucket_cap_bytes` so that communication starts early; each bucket is one
   all-reduce (AVG), in that order. torch launches a bucket's all-reduce the moment its
   gradients are ready, during backward; here backward finishes first and the buckets
-  follow, which gives the same numbers, and overlap.py models the timing.
+  follow, which gives the same numbers, and scaling.py models the timing.
 - The bucket layout is torch's steady state: `_compute_bucket_assignment_by_size` with
   limits [1 MiB, bucket_cap] over the gradient-ready order, as torch rebuilds its
   buckets after the first iteration (which itself runs with one bucket: a difference

@@ -1,5 +1,5 @@
-"""A data-parallel training job on the rack: its spec, each rank's memory, the cost of
-one step, and the DDP scaling prediction.
+"""A data-parallel training job on the rack: its spec, each rank's memory and the cost
+of one step (scaling.py predicts how DDP scales from them).
 
 Two kinds of model:
 - "mlp" and "transformer" are small real torch models (FUNCTIONAL jobs): they train on
@@ -8,7 +8,7 @@ Two kinds of model:
   forward, backward and bucketed gradient all-reduces, with sized descriptors.
 
 Step time (both kinds): forward, then backward, whose gradient buckets are all-reduced
-on one communication stream as they become ready (overlap.py); the step ends when both
+on one communication stream as they become ready (scaling.py); the step ends when both
 are done. Backward is 2/3 of a training step's compute, forward 1/3 (the usual 2:1 of
 backward to forward FLOPs; assumption for the split of the fused train step the timing
 model prices as a whole).
@@ -38,18 +38,15 @@ from pydantic import ConfigDict, Field, model_validator
 
 from rdurack.config import Config
 from rdurack.errors import OutOfMemory, UnknownName
-from rdurack.rack.collectives import Algorithm, Cost, all_reduce
-from rdurack.rack.hierarchy import hierarchical_all_reduce
 from rdurack.rack.kernels import FusionPlan, Phase
 from rdurack.rack.models import ModelSpec
 from rdurack.rack.spec import PlatformSpec, Tier
-from rdurack.rack.topology import SocketId, Topology
+from rdurack.rack.topology import SocketId
 from rdurack.workloads.predictor import Predictor
 from rdurack.workloads.training.arrays import Params
 from rdurack.workloads.training.ddp import DEFAULT_BUCKET_CAP_BYTES, assign_buckets
 from rdurack.workloads.training.distributed import DEFAULT_TIMEOUT_S
 from rdurack.workloads.training.movement import DEFAULT_THRESHOLD, DEFAULT_WINDOW_STEPS
-from rdurack.workloads.training.overlap import OverlapTiming, overlap, split_by_bytes
 from rdurack.workloads.training.progressive import Strategy
 from rdurack.workloads.training.rank import TrainSpec
 from rdurack.workloads.training.script_files import check_script
@@ -406,91 +403,3 @@ def ranks_of(sockets: list[str]) -> list[str]:
     """The job's sockets in rank order: rack by rack, node by node, socket index within a
     node."""
     return sorted(sockets, key=SocketId.parse)
-
-
-@dataclass(frozen=True)
-class ScalingPoint:
-    world_size: int
-    step_s: float
-    compute_s: float
-    all_reduce_s: float
-    exposed_s: float
-    samples_per_s: float
-    crosses_nodes: bool
-    nodes: int = 1  # hosts the ranks span, over all racks
-    racks: int = 1
-    # samples/s over world_size times one rank's: one rank's step over this step.
-    efficiency: float = 1.0
-
-
-def scaling_world_sizes(platform: PlatformSpec) -> tuple[int, ...]:
-    """1, 2, 4, ... up to every socket of the platform, and every socket."""
-    sizes = [1 << k for k in range(platform.sockets.bit_length()) if 1 << k <= platform.sockets]
-    return tuple(sorted({*sizes, platform.sockets}))
-
-
-def _bucket_all_reduce_s(
-    topo: Topology, group: list[SocketId], bucket_bytes: tuple[int, ...], itemsize: int
-) -> list[float]:
-    """Seconds of each bucket's all-reduce over `group`: inside a rack the ring simulated
-    on the links; across racks the hierarchical ring of rack/hierarchy.py (the rack's
-    ring plus the spine's phase)."""
-    if len(group) == 1:
-        return [0.0] * len(bucket_bytes)
-    rack: dict[float, Cost] = {}  # the rack's ring per bucket size: sizes repeat
-
-    def in_rack(members: list[SocketId], nbytes: float) -> Cost:
-        if nbytes not in rack:
-            rack[nbytes] = all_reduce(topo, members, nbytes, Algorithm.RING, itemsize)
-        return rack[nbytes]
-
-    across = topo.racks_of(group) > 1
-    return [
-        (
-            hierarchical_all_reduce(topo, group, b, itemsize, in_rack)
-            if across
-            else in_rack(group, b)
-        ).total_s
-        for b in bucket_bytes
-    ]
-
-
-def predict_scaling(
-    w: TrainingWorkload,
-    platform: PlatformSpec,
-    models: dict[str, ModelSpec],
-    world_sizes: tuple[int, ...] | None = None,
-) -> list[ScalingPoint]:
-    """DDP scaling at a fixed per-rank batch: step time and throughput per world size
-    (default: `scaling_world_sizes`), on the first sockets rack by rack, node by node
-    (16 crosses the inter-node links of an SN40L rack, 32 the spine)."""
-    topo = Topology(platform)
-    sockets = topo.sockets
-    out = []
-    for n in world_sizes if world_sizes is not None else scaling_world_sizes(platform):
-        if n > platform.sockets:
-            continue
-        wn = w.model_copy(update={"world_size": n, "global_batch": w.local_batch * n})
-        cost = step_cost(wn, platform, models)
-        group = sockets[:n]
-        itemsize = 4 if w.functional else models[w.model].bytes_per_param
-        comm = _bucket_all_reduce_s(topo, group, cost.bucket_bytes, itemsize)
-        racks = topo.racks_of(group)
-        t: OverlapTiming = overlap(split_by_bytes(cost.backward_s, cost.bucket_bytes), comm)
-        step = cost.forward_s + t.end_s
-        out.append(
-            ScalingPoint(
-                n,
-                step,
-                cost.compute_s,
-                t.all_reduce_s,
-                t.exposed_s,
-                wn.global_batch / step,
-                topo.nodes_of(group) > 1,
-                topo.nodes_of(group),
-                racks,
-                # One rank's step is its compute: nothing to all-reduce.
-                (cost.forward_s + cost.backward_s) / step,
-            )
-        )
-    return out

@@ -20,13 +20,13 @@ from rdurack.workloads.training.memory import MemoryAccount
 from rdurack.workloads.training.memory_plan import plan_memory
 from rdurack.workloads.training.models import Model, build_split, views
 from rdurack.workloads.training.movement import EffectiveMovement
-from rdurack.workloads.training.progressive import Stage, placement, stage_order
-from rdurack.workloads.training.rank import RankContext, StageEvent, TrainSpec
-from rdurack.workloads.training.shrunken import (
+from rdurack.workloads.training.profl import (
     largest_shrunken,
     parameters,
     shrunken_candidates,
 )
+from rdurack.workloads.training.progressive import Stage, placement, stage_order
+from rdurack.workloads.training.rank import RankContext, StageEvent, TrainSpec
 
 RACK = platform("sn40l-rack16")
 SOCKET = RACK.socket

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rdurack.errors import InvalidRequest
-from rdurack.workloads.training.overlap import overlap, split_by_bytes
+from rdurack.workloads.training.scaling import overlap, split_by_bytes
 
 
 def test_all_reduce_hidden_except_the_last_bucket() -> None:
