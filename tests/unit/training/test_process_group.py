@@ -17,7 +17,7 @@ from rdurack.node_agent.collective_engine import CollectiveMismatch
 from rdurack.node_agent.socket import Socket
 from rdurack.node_agent.training.process_group import RankLinks, RduProcessGroup
 from rdurack.node_agent.training.script_kernels import Unfused
-from rdurack.node_agent.training.script_time import Streams
+from rdurack.node_agent.training.script_time import StepRecord, Streams
 from rdurack.rack.presets import platform
 from rdurack.rack.timing import Timer
 
@@ -131,6 +131,33 @@ def test_a_collective_takes_emulated_time_and_counts_bytes(sockets: list[Socket]
     assert stats.calls["all_reduce"] == 1 and stats.nbytes["all_reduce"] == 4 << 16
     assert stats.ns["all_reduce"] > 0
     assert all(s.clock.now_ns > t for s, t in zip(sockets, before, strict=True))
+
+
+def test_an_all_reduce_in_backward_runs_on_the_comm_stream_in_its_steps_window(
+    sockets: list[Socket],
+) -> None:
+    """What a rank's step span shows (runner.py): its gradients' all-reduce, issued in
+    backward as DDP issues its buckets, with its bytes and the links it sent on."""
+    pgs = groups(sockets)
+
+    def step(pg: RduProcessGroup) -> StepRecord | None:
+        w = torch.ones(256, requires_grad=True)
+        w.register_hook(lambda g: pg.allreduce([g], opts(dist.ReduceOp.SUM)).wait() and None)  # type: ignore[no-untyped-call]
+        (2 * w).sum().backward()  # type: ignore[no-untyped-call]
+        streams = pg.links.streams
+        streams.step_began()
+        streams.step_ended()
+        (record,) = streams.records
+        return record
+
+    for r, record in enumerate(each(pgs, step)):
+        assert record is not None and record.step == 1
+        window = record.gradients
+        assert window is not None and (window.nbytes, window.buckets) == (256 * 4, 1)
+        assert window.bytes_sent > 0 and window.bytes_received > 0
+        assert f"{GROUP[r]}->{GROUP[(r + 1) % len(GROUP)]}" in window.links  # its ring
+        assert record.began_ns <= window.start_ns < window.end_ns <= record.end_ns
+    assert pgs[0].links.stats.calls["all_reduce"] == 1
 
 
 def test_ranks_issuing_different_collectives_fail_at_once_naming_both(
