@@ -169,13 +169,21 @@ class _Stage(nn.Module):
         return out
 
 
-def views(module: nn.Module, params: list[nn.Parameter]) -> Params:
-    """`params` by their names in `module`, as numpy views of their storage."""
-    return {name: p.detach().numpy() for name, p in module.named_parameters() if _in(p, params)}
+def views(module: nn.Module, params: list[nn.Parameter], grads: bool = False) -> Params:
+    """`params` (or, `grads`, their `.grad`) by their names in `module`, definition
+    order, as numpy views of their storage."""
+    ids = {id(p) for p in params}
+    return {
+        name: _tensor(p, grads).numpy() for name, p in module.named_parameters() if id(p) in ids
+    }
 
 
-def _in(p: nn.Parameter, params: list[nn.Parameter]) -> bool:
-    return any(p is q for q in params)
+def _tensor(p: nn.Parameter, grad: bool) -> torch.Tensor:
+    if not grad:
+        return p.detach()
+    if p.grad is None:
+        raise InvalidRequest("a parameter that trains has no .grad to view")
+    return p.grad
 
 
 class Trainable:
@@ -202,11 +210,7 @@ class Trainable:
             p.grad = torch.zeros_like(p)
         self.trained = trained
         self.params: Params = views(owner, trained)
-        self.grads: Params = {
-            name: p.grad.numpy()
-            for name, p in owner.named_parameters()
-            if _in(p, trained) and p.grad is not None
-        }
+        self.grads: Params = views(owner, trained, grads=True)
         self._frozen = views(owner, frozen or [])
         # float32 trains; a float64 net (`.double()`) checks equivalences exactly.
         self.dtype: np.dtype[Any] = next(iter(self.params.values())).dtype

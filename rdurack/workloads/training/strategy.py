@@ -67,9 +67,7 @@ class Trainee:
     @property
     def params(self) -> Params:
         """Every parameter a rank holds (DDP broadcasts them from rank 0)."""
-        if self.split is None:
-            return self.model.params
-        return views(self.split, list(self.split.parameters()))
+        return self.model.params if self.split is None else self._params(self.split)
 
     def stage_model(self, stage: Stage) -> Trainable:
         """The model `stage` trains."""
