@@ -87,8 +87,8 @@ test: lint typecheck postgres ## lint, typecheck and the whole test suite (fails
 run: $(PROTO_STAMP) ## the main demo on the embedded default rack (rdu demo)
 	$(BIN)/rdu demo
 
-bench: $(PROTO_STAMP) postgres ## benchmarks: prints a table, writes build/bench.json
-	$(BIN)/python -m rdurack.devtools.bench --out build/bench.json
+bench: $(PROTO_STAMP) postgres ## benchmarks: prints a table, writes build/bench.json (ONLY=TEXT: those named so)
+	$(BIN)/python -m rdurack.devtools.bench --out build/bench.json $(if $(ONLY),--only "$(ONLY)")
 
 docs: $(PROTO_STAMP) ## regenerate the docs' generated tables and figures from the code
 	$(BIN)/python -m rdurack.devtools.docs

@@ -17,7 +17,7 @@ import random
 import sys
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from rich.console import Console
@@ -32,6 +32,7 @@ from rdurack.devtools.bench_serve import bench_serve
 from rdurack.devtools.bench_submit import bench_submit
 from rdurack.devtools.bench_torch import bench_torch
 from rdurack.devtools.bench_training import bench_progressive
+from rdurack.errors import RdurackError
 from rdurack.rack.models import builtin_models
 from rdurack.rack.presets import builtin_platforms
 from rdurack.workloads.coe.bundle import PredictedReplicas
@@ -154,13 +155,30 @@ def table(figures: list[BenchFigure]) -> Table:
     return out
 
 
-def run(out: Path) -> int:
+def selected(only: Sequence[str]) -> list[tuple[str, Benchmark]]:
+    """The benchmarks whose label contains any of `only` (case-insensitive); all when
+    `only` is empty. Raises RdurackError, listing the labels, when none matches."""
+    if not only:
+        return BENCHMARKS
+    chosen = [
+        (label, b) for label, b in BENCHMARKS if any(o.lower() in label.lower() for o in only)
+    ]
+    if not chosen:
+        labels = "; ".join(label for label, _ in BENCHMARKS)
+        raise RdurackError(f"no benchmark's name contains {', '.join(only)!r}; they are: {labels}")
+    return chosen
+
+
+def run(out: Path, only: Sequence[str] = ()) -> int:
+    """Run the benchmarks (those `selected(only)`), print the table, write `out`: 0, or
+    1 when a benchmark could not run."""
+    benchmarks = selected(only)
     console = Console()
     if not console.is_terminal:  # a log: wide enough for the figures' names, unwrapped
         console = Console(width=220)
     figures: list[BenchFigure] = []
     failed: list[str] = []
-    for label, bench in BENCHMARKS:
+    for label, bench in benchmarks:
         console.print(f"[bold]bench:[/] {label} ...")
         try:
             figures += bench()
@@ -180,7 +198,18 @@ def run(out: Path) -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", type=Path, default=Path("build/bench.json"))
-    sys.exit(run(parser.parse_args().out))
+    parser.add_argument(
+        "--only",
+        action="append",
+        default=[],
+        metavar="TEXT",
+        help="run only the benchmarks whose name contains TEXT (repeatable)",
+    )
+    args = parser.parse_args()
+    try:
+        sys.exit(run(args.out, args.only))
+    except RdurackError as e:
+        parser.exit(2, f"bench: {e}\n")
 
 
 if __name__ == "__main__":

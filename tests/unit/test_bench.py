@@ -20,6 +20,7 @@ from rdurack.devtools.bench import (
 from rdurack.devtools.bench_figure import BenchFigure
 from rdurack.devtools.bench_serve import ANSWER_TARGET_MS, bench_serve
 from rdurack.devtools.bench_training import progressive_figures
+from rdurack.errors import RdurackError
 from rdurack.workloads.training.job import TrainingWorkload
 from rdurack.workloads.training.profl import Comparison, Outcome, Shrunken
 
@@ -91,6 +92,19 @@ def test_run_writes_every_figure_and_succeeds_when_a_target_is_missed(
         {"name": "fake count", "value": 3.0, "unit": "things", **none, "target": None,
          "better": "higher"},
     ]  # fmt: skip
+
+
+def test_only_runs_the_benchmarks_named_and_refuses_a_name_that_matches_none(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(bench, "BENCHMARKS", [("fake", _fake), ("untargeted", _untargeted)])
+    out = tmp_path / "b.json"
+    assert run(out, ["UNTARG"]) == 0
+    assert [item["name"] for item in _read(out)] == ["fake count"]
+    with pytest.raises(
+        RdurackError, match="no benchmark's name contains 'nothing'; they are: fake; untargeted"
+    ):
+        run(out, ["nothing"])
 
 
 def test_run_creates_the_output_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

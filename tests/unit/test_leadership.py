@@ -90,6 +90,15 @@ def test_a_term_lapsed_on_its_own_clock_writes_nothing(store: JobStore) -> None:
     assert store.get("j1").state is S.PENDING
 
 
+def test_a_submission_is_not_fenced(store: JobStore) -> None:
+    # Every replica accepts submissions, leader or not: a lapsed term's view too.
+    a = store.claim_lease("a", 60)
+    lapsed = store.fenced(a.term, lambda term: False)
+    job, created = lapsed.submit("j1", store_spec())
+    assert created and store.get("j1").seq == job.seq
+    assert [e.payload for e in store.events("j1")] == [{"state": "PENDING"}]
+
+
 # ------------------------------------------------------------------ the elector
 
 

@@ -3,15 +3,19 @@ and the two databases it runs on (sqlite.py, postgres.py).
 
 The store's logic writes its SQL once, with `?` placeholders, in the SQL both databases
 speak; a backend runs it. What differs between them is here as data or a method: how a
-write is made atomic and durable, how concurrent writers are kept apart, how the next
-submission number is drawn, and how the schema is opened (each backend's module).
+write is made atomic and durable, how concurrent writers are kept apart, how a
+submission is written (its number drawn, in as few round trips as the database allows),
+and how the schema is opened (each backend's module).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from rdurack.orchestrator.jobs import Job
 
 
 class Row(Protocol):
@@ -46,8 +50,6 @@ class Backend(Protocol):
     # run concurrently (PostgreSQL: several connections, several replicas) it locks
     # those rows until the write commits; SQLite serializes every write anyway.
     lock_rows: str
-    # A statement whose one column `seq` is the next submission number.
-    next_seq: str
     # An expression for the database's clock, in seconds since the epoch: leases expire
     # on it, so that replicas on hosts whose clocks differ agree on when.
     clock_s: str
@@ -59,6 +61,12 @@ class Backend(Protocol):
     def write(self) -> AbstractContextManager[Db]:
         """One atomic write: everything the block executes is committed, and durable,
         when the block exits, or none of it is (the block's exception propagates)."""
+        ...
+
+    def submit(self, job: Job) -> int | None:
+        """Insert `job`, just submitted, and its first event, as one atomic write,
+        durable when this returns: its submission number (the next), or None, and
+        nothing written, when its id or idempotency key is taken (schema.submission)."""
         ...
 
     def read(self) -> AbstractContextManager[Db]:

@@ -11,9 +11,10 @@ them (connections, commits, concurrent writers, the schema's opening) is a Backe
 several orchestrator replicas share. `JobStore(where)` picks one by `where`.
 
 The leader's lease is kept here too (lease.py): `claim_lease`, `release_lease`. A
-leader writes through `fenced(term, ...)`, a view of the store whose every write first
-checks, in its own transaction, that the lease still carries the leader's term, and
-records the term in the state events it writes.
+leader writes through `fenced(term, ...)`, a view of the store whose every write but a
+submission (any replica accepts those) first checks, in its own transaction, that the
+lease still carries the leader's term, and records the term in the state events it
+writes.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import json
 import time
 from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -33,7 +34,7 @@ from rdurack.orchestrator.jobs import Job, JobSpec, JobState
 from rdurack.orchestrator.store import lease as leases
 from rdurack.orchestrator.store.backend import Backend, Db
 from rdurack.orchestrator.store.lease import Lease, Term
-from rdurack.orchestrator.store.schema import JOB_COLUMNS, JobRows, insert_job, result_json
+from rdurack.orchestrator.store.schema import EVENT_COLUMNS, JOB_COLUMNS, JobRows, result_json
 from rdurack.orchestrator.store.sqlite import SqliteBackend
 
 # Job fields `transition` may change. The id, spec, submission order and creation time
@@ -143,7 +144,7 @@ class JobStore:
             ).fetchone()["last"]
             seq = int(last) + 1
         db.execute(
-            "INSERT INTO events (job_id, seq, kind, payload, time_s) VALUES (?, ?, ?, ?, ?)",
+            f"INSERT INTO events ({EVENT_COLUMNS}) VALUES (?, ?, ?, ?, ?)",
             (job_id, seq, kind, payload, time_s),
         )
         return seq
@@ -197,42 +198,37 @@ class JobStore:
     ) -> tuple[Job, bool]:
         """Store a new PENDING job of `tenant`; (job, True). A client request id the same
         tenant used before: (its job, False). Another tenant's ids are never seen."""
-        with self._write() as db:
-            for _ in range(SUBMIT_TRIES):
-                if client_request_id is not None:
-                    row = db.execute(
-                        f"SELECT {JOB_COLUMNS} FROM jobs "
-                        "WHERE tenant = ? AND client_request_id = ?",
-                        (tenant, client_request_id),
-                    ).fetchone()
-                    if row is not None:
-                        existing = self._rows.job(row)
-                        if existing.spec != spec:
-                            raise InvalidRequest(
-                                f"client_request_id {client_request_id!r} was used for a "
-                                f"different job spec (job {existing.id}); use a new request "
-                                "id for a new job"
-                            )
-                        return existing, False  # a retried request: the job it already made
-                seq = int(db.execute(self._backend.next_seq).fetchone()["seq"])
-                job = Job(
-                    id=job_id,
-                    spec=spec,
-                    seq=seq,
-                    client_request_id=client_request_id,
-                    tenant=tenant,
-                )
-                if insert_job(db, job):
-                    first = json.dumps({"state": job.state.value})
-                    self._append_event(db, job.id, "state", first, job.created_s, seq=1)
-                    return job, True
-                # Its id was taken (asked only now: a submission's round trips are its
-                # latency on PostgreSQL), or a concurrent submission (PostgreSQL:
-                # another connection or replica) took the request id, and has
-                # committed: read again.
+        for _ in range(SUBMIT_TRIES):
+            if client_request_id is not None:
+                existing = self._requested(tenant, client_request_id)
+                if existing is not None:
+                    if existing.spec != spec:
+                        raise InvalidRequest(
+                            f"client_request_id {client_request_id!r} was used for a "
+                            f"different job spec (job {existing.id}); use a new request id "
+                            "for a new job"
+                        )
+                    return existing, False  # a retried request: the job it already made
+            job = Job(id=job_id, spec=spec, client_request_id=client_request_id, tenant=tenant)
+            seq = self._backend.submit(job)
+            if seq is not None:
+                return replace(job, seq=seq), True
+            # Its id was taken (asked only now: a submission's round trips are its
+            # latency on PostgreSQL), or a concurrent submission took the request id
+            # and has committed (the backend's write returns only then): read again.
+            with self._read() as db:
                 if db.execute("SELECT 1 FROM jobs WHERE id = ?", (job_id,)).fetchone():
                     raise InvalidRequest(f"job id {job_id!r} is already in the store")
         raise RdurackError(f"job {job_id!r}: its submission kept colliding; submit it again")
+
+    def _requested(self, tenant: str, client_request_id: str) -> Job | None:
+        """The job `tenant` submitted with this idempotency key, if any (committed)."""
+        with self._read() as db:
+            row = db.execute(
+                f"SELECT {JOB_COLUMNS} FROM jobs WHERE tenant = ? AND client_request_id = ?",
+                (tenant, client_request_id),
+            ).fetchone()
+        return None if row is None else self._rows.job(row)
 
     def get(self, job_id: str) -> Job:
         with self._read() as db:

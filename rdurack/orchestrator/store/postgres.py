@@ -31,7 +31,15 @@ from psycopg.rows import DictRow, dict_row
 from psycopg_pool import ConnectionPool
 
 from rdurack.errors import InvalidRequest, StoreUnavailable
-from rdurack.orchestrator.store.schema import SCHEMA_STATEMENTS, SCHEMA_VERSION, check_version
+from rdurack.orchestrator.jobs import Job
+from rdurack.orchestrator.store.schema import (
+    EVENT_COLUMNS,
+    SCHEMA_STATEMENTS,
+    SCHEMA_VERSION,
+    check_version,
+    first_event_args,
+    submission,
+)
 
 # Connections per orchestrator: enough for the gRPC workers' concurrent calls to keep
 # the server busy, few enough that a few replicas stay well under PostgreSQL's default
@@ -50,7 +58,6 @@ class PostgresBackend:
     password is better in PGPASSWORD or ~/.pgpass, which libpq reads, than in a flag)."""
 
     lock_rows = " FOR UPDATE"
-    next_seq = "SELECT nextval('jobs_seq') AS seq"
     # The server's clock, read anew (now() would be the transaction's start).
     clock_s = "EXTRACT(EPOCH FROM clock_timestamp())::DOUBLE PRECISION"
     share_rows = " FOR SHARE"
@@ -80,6 +87,25 @@ class PostgresBackend:
     def write(self) -> Iterator[_Connection]:
         with self._connection() as conn, conn.transaction():
             yield _Connection(conn)
+
+    def submit(self, job: Job) -> int | None:
+        # One statement on a connection in autocommit: atomic, and committed (flushed:
+        # _durable) when it answers, in one round trip where BEGIN, the sequence, the
+        # two inserts and COMMIT took five, about 0.45 ms of a 0.75 ms submission here.
+        # The event's foreign key is checked at the statement's end, the job's row in.
+        sql, args = submission(job, "nextval('jobs_seq')")
+        _, payload, time_s = first_event_args(job)
+        with self._connection() as conn:
+            row = (
+                _Connection(conn)
+                .execute(
+                    f"WITH j AS ({sql}), e AS (INSERT INTO events ({EVENT_COLUMNS}) "
+                    "SELECT id, 1, 'state', ?, ? FROM j) SELECT seq FROM j",
+                    (*args, payload, time_s),
+                )
+                .fetchone()
+            )
+        return None if row is None else int(row["seq"])
 
     @contextmanager
     def read(self) -> Iterator[_Connection]:

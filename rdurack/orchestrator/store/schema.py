@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import json
 import threading
+from typing import Any
 
 from rdurack.errors import RdurackError
 from rdurack.orchestrator.jobs import Job, JobSpec, JobState
 from rdurack.orchestrator.results import RESULTS, JobResult
-from rdurack.orchestrator.store.backend import Db, Row
+from rdurack.orchestrator.store.backend import Row
 
 # Bumped whenever the schema changes; SQLite keeps it in the file's `PRAGMA
 # user_version`, PostgreSQL in the table `rdurack_schema`.
@@ -111,35 +112,46 @@ def check_version(location: str, found: int) -> None:
         raise UnsupportedStoreVersion(location, found, SCHEMA_VERSION)
 
 
-def insert_job(db: Db, job: Job) -> bool:
-    """The row of a job just submitted (nothing set yet but its submission). False, and
-    nothing written, when its id, submission number or idempotency key is taken: on
-    PostgreSQL by a concurrent submission that committed first (the insert waited for
-    it), which the caller then reads."""
-    done = db.execute(
+def submission(job: Job, next_seq: str) -> tuple[str, tuple[Any, ...]]:
+    """The statement that inserts the row of a job just submitted (nothing set yet but
+    its submission), its number drawn by the SQL expression `next_seq`, and its
+    arguments. It returns the row's `id` and `seq`, or no row, and writes nothing, when
+    the job's id or idempotency key is taken: on PostgreSQL by a concurrent submission
+    that committed first (the insert waited for it), which the caller then reads."""
+    sql = (
         f"INSERT INTO jobs ({JOB_COLUMNS}) "
-        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
-        (
-            job.tenant,
-            job.id,
-            job.seq,
-            job.client_request_id,
-            job.state.value,
-            job.spec.priority,
-            job.spec.model_dump_json(),
-            "[]",
-            job.attempts,
-            job.created_s,
-            job.updated_s,
-            None,
-            None,
-            None,
-            None,
-            None,
-            job.error,
-        ),
+        f"VALUES (?, ?, {next_seq}, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+        "ON CONFLICT DO NOTHING RETURNING id, seq"
     )
-    return done.rowcount == 1
+    args = (
+        job.tenant,
+        job.id,
+        job.client_request_id,
+        job.state.value,
+        job.spec.priority,
+        job.spec.model_dump_json(),
+        "[]",
+        job.attempts,
+        job.created_s,
+        job.updated_s,
+        None,
+        None,
+        None,
+        None,
+        None,
+        job.error,
+    )
+    return sql, args
+
+
+EVENT_COLUMNS = "job_id, seq, kind, payload, time_s"
+# A submitted job's first event, its state (first_event_args); its number is 1.
+FIRST_EVENT = f"INSERT INTO events ({EVENT_COLUMNS}) VALUES (?, 1, 'state', ?, ?)"
+
+
+def first_event_args(job: Job) -> tuple[str, str, float]:
+    """FIRST_EVENT's arguments for `job`."""
+    return job.id, json.dumps({"state": job.state.value}), job.created_s
 
 
 def result_json(result: JobResult | None) -> str | None:

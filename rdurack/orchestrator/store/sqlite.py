@@ -19,13 +19,17 @@ from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
 from rdurack.errors import InvalidRequest
+from rdurack.orchestrator.jobs import Job
 from rdurack.orchestrator.store.group_commit import GroupCommit
 from rdurack.orchestrator.store.schema import (
+    FIRST_EVENT,
     JOBS_TABLE,
     SCHEMA_STATEMENTS,
     SCHEMA_VERSION,
     V1_COLUMNS,
     check_version,
+    first_event_args,
+    submission,
 )
 
 
@@ -34,8 +38,6 @@ class SqliteBackend:
     process only, for tests)."""
 
     lock_rows = ""  # BEGIN IMMEDIATE: one writer at a time, in every process
-    # Jobs are never deleted, so MAX + 1 only grows; the write lock makes it unique.
-    next_seq = "SELECT COALESCE(MAX(seq), 0) + 1 AS seq FROM jobs"
     # A file has one host, so one clock: julianday's, in days since 4714 BC, to seconds.
     clock_s = "((julianday('now') - 2440587.5) * 86400.0)"
     share_rows = ""
@@ -66,6 +68,16 @@ class SqliteBackend:
     def write(self) -> AbstractContextManager[sqlite3.Connection]:
         """One atomic write, on disk when the block exits (group_commit.py)."""
         return self._commits.write()
+
+    def submit(self, job: Job) -> int | None:
+        # Jobs are never deleted, so MAX + 1 only grows; the write lock makes it unique.
+        sql, args = submission(job, "(SELECT COALESCE(MAX(seq), 0) + 1 FROM jobs)")
+        with self.write() as db:
+            row = db.execute(sql, args).fetchone()
+            if row is None:
+                return None
+            db.execute(FIRST_EVENT, first_event_args(job))
+            return int(row["seq"])
 
     @contextmanager
     def read(self) -> Iterator[sqlite3.Connection]:
