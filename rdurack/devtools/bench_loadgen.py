@@ -14,12 +14,20 @@ generator little CPU and no GIL contention of its own.
   its own Poisson schedule (seeded), `rate` calls/s in all, for `seconds`. A call's
   latency runs from its scheduled send time, not from when it was sent, so a client
   made late by a slow server counts its wait (no coordinated omission).
-- `sustained`: `in_flight` calls always outstanding over CHANNELS channels (closed
-  loop: each call sends the next when it answers), for `seconds`; the figure is calls
-  answered per second, what the server sustains.
 - `watch`: the same Poisson schedule, each event opening a WatchJob stream on one of
   `jobs` jobs submitted beforehand (not timed), and reading its first event; the
   latency runs from the scheduled time to that event. Then the stream is cancelled.
+- `sustained`: `in_flight` calls always outstanding over CHANNELS channels (closed
+  loop: each call sends the next when it answers), for `seconds`; the figure is calls
+  answered per second, what the server sustains.
+
+Given several addresses (a product and its floor), `open` and `watch` load them in
+turns within one load: time is cut into slices of `slice_s`, and a call scheduled in
+the k-th slice goes to the k-th server, round robin, each with its own clients. So a
+moment of load from elsewhere on the machine (a burst that sets a p99) falls on the
+servers alike, where loads one after the other, seconds apart, each met their own; each
+server sees `rate` calls/s while it is loaded, for `seconds` / (servers) in all.
+`sustained`, a closed loop, loads them one after the other.
 """
 
 from __future__ import annotations
@@ -30,7 +38,7 @@ import json
 import random
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field
 
 import grpc
@@ -115,19 +123,24 @@ async def _clients(address: str, count: int) -> list[_Client]:
 
 
 async def _poisson(
-    clients: list[_Client],
+    mode: str,
+    clients: list[list[_Client]],
     rate: float,
     seconds: float,
     seed: int,
-    out: Outcome,
-    call: Callable[[_Client, int, int], Awaitable[None]],
-) -> None:
-    """Each client calls `call(client, i, n)` on its own Poisson schedule, rate / len
-    in all; the latency of each runs from its scheduled time to `call`'s end."""
-    per_client = rate / len(clients)
+    slice_s: float,
+    call: Callable[[int, _Client, int, int], Awaitable[None]],
+) -> list[Outcome]:
+    """Each of CLIENTS schedules calls on its own Poisson schedule, `rate` in all; a call
+    scheduled in slice k (of `slice_s`) is `call(server, client, i, n)` on server k mod
+    the servers' count (`clients`: each server's clients). The latency of each runs from
+    its scheduled time to `call`'s end. One Outcome per server."""
+    servers = len(clients)
+    outs = [Outcome(mode) for _ in range(servers)]
+    per_client = rate / len(clients[0])
     t0 = time.perf_counter()
 
-    async def client(i: int, c: _Client) -> None:
+    async def client(i: int) -> None:
         rng = random.Random(seed + i)
         due = rng.expovariate(per_client)
         n = 0
@@ -136,9 +149,10 @@ async def _poisson(
             wait = t0 + due - time.perf_counter()
             if wait > 0:
                 await asyncio.sleep(wait)
+            k = int(due / slice_s) % servers
             # Each call on its own task: a slow answer must not delay the next send,
             # which is the client's own schedule (an open loop).
-            task = asyncio.create_task(_timed(call(c, i, n), t0 + due, out))
+            task = asyncio.create_task(_timed(call(k, clients[k][i], i, n), t0 + due, outs[k]))
             pending.add(task)
             task.add_done_callback(pending.discard)
             due += rng.expovariate(per_client)
@@ -146,8 +160,10 @@ async def _poisson(
         if pending:
             await asyncio.gather(*pending)
 
-    await asyncio.gather(*(client(i, c) for i, c in enumerate(clients)))
-    out.elapsed_s = time.perf_counter() - t0
+    await asyncio.gather(*(client(i) for i in range(len(clients[0]))))
+    for out in outs:
+        out.elapsed_s = (time.perf_counter() - t0) / servers
+    return outs
 
 
 async def _timed(call: Awaitable[None], scheduled: float, out: Outcome) -> None:
@@ -159,31 +175,44 @@ async def _timed(call: Awaitable[None], scheduled: float, out: Outcome) -> None:
     out.latencies_ms.append(1e3 * (time.perf_counter() - scheduled))
 
 
-async def open_loop(address: str, rate: float, seconds: float, seed: int) -> Outcome:
-    out = Outcome("open")
-    clients = await _clients(address, CLIENTS)
+async def _closed(clients: list[list[_Client]]) -> None:
+    await asyncio.gather(*(c.channel.close() for each in clients for c in each))
 
-    async def submit(c: _Client, i: int, n: int) -> None:
+
+async def open_loop(
+    addresses: Sequence[str], rate: float, seconds: float, seed: int, slice_s: float = 0.25
+) -> list[Outcome]:
+    clients = [await _clients(a, CLIENTS) for a in addresses]
+
+    async def submit(k: int, c: _Client, i: int, n: int) -> None:
         await c.submit(small_job(f"open {i} #{n}"), timeout=RPC_TIMEOUT_S)
 
-    await _poisson(clients, rate, seconds, seed, out, submit)
-    await asyncio.gather(*(c.channel.close() for c in clients))
-    return out
+    outs = await _poisson("open", clients, rate, seconds, seed, slice_s, submit)
+    await _closed(clients)
+    return outs
 
 
-async def watch_loop(address: str, rate: float, seconds: float, seed: int, jobs: int) -> Outcome:
-    out = Outcome("watch")
-    clients = await _clients(address, CLIENTS)
-    answers = await asyncio.gather(
-        *(
-            clients[j % CLIENTS].submit(small_job(f"watched {j}"), timeout=RPC_TIMEOUT_S)
-            for j in range(jobs)
+async def watch_loop(
+    addresses: Sequence[str],
+    rate: float,
+    seconds: float,
+    seed: int,
+    jobs: int,
+    slice_s: float = 0.25,
+) -> list[Outcome]:
+    clients = [await _clients(a, CLIENTS) for a in addresses]
+    ids: list[list[str]] = []
+    for each in clients:
+        answers = await asyncio.gather(
+            *(
+                each[j % CLIENTS].submit(small_job(f"watched {j}"), timeout=RPC_TIMEOUT_S)
+                for j in range(jobs)
+            )
         )
-    )
-    ids = [a.job.id for a in answers]
+        ids.append([a.job.id for a in answers])
 
-    async def first_event(c: _Client, i: int, n: int) -> None:
-        stream = c.watch(job_pb2.WatchJobRequest(job_id=ids[(i + n * CLIENTS) % len(ids)]))
+    async def first_event(k: int, c: _Client, i: int, n: int) -> None:
+        stream = c.watch(job_pb2.WatchJobRequest(job_id=ids[k][(i + n * CLIENTS) % jobs]))
         try:
             async for _ in stream:
                 return
@@ -191,12 +220,16 @@ async def watch_loop(address: str, rate: float, seconds: float, seed: int, jobs:
         finally:
             stream.cancel()
 
-    await _poisson(clients, rate, seconds, seed, out, first_event)
-    await asyncio.gather(*(c.channel.close() for c in clients))
-    return out
+    outs = await _poisson("watch", clients, rate, seconds, seed, slice_s, first_event)
+    await _closed(clients)
+    return outs
 
 
-async def sustained(address: str, in_flight: int, seconds: float) -> Outcome:
+async def sustained(addresses: Sequence[str], in_flight: int, seconds: float) -> list[Outcome]:
+    return [await _sustained(a, in_flight, seconds) for a in addresses]
+
+
+async def _sustained(address: str, in_flight: int, seconds: float) -> Outcome:
     out = Outcome("sustained")
     clients = await _clients(address, CHANNELS)
     t0 = time.perf_counter()
@@ -216,27 +249,32 @@ async def sustained(address: str, in_flight: int, seconds: float) -> Outcome:
 
     await asyncio.gather(*(loop(k) for k in range(in_flight)))
     out.elapsed_s = time.perf_counter() - t0
-    await asyncio.gather(*(c.channel.close() for c in clients))
+    await _closed([clients])
     return out
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("mode", choices=("open", "sustained", "watch"))
-    parser.add_argument("--address", required=True)
+    parser.add_argument(
+        "--address", required=True, action="append", help="a server to load (repeatable)"
+    )
     parser.add_argument("--rate", type=float, default=200.0, help="calls/s offered (open, watch)")
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--seed", type=int, default=1000)
     parser.add_argument("--in-flight", type=int, default=64, help="calls outstanding (sustained)")
     parser.add_argument("--jobs", type=int, default=200, help="jobs to watch (watch)")
+    parser.add_argument(
+        "--slice-s", type=float, default=0.25, help="seconds each server is loaded in turn"
+    )
     a = parser.parse_args(argv)
     if a.mode == "open":
-        run = open_loop(a.address, a.rate, a.seconds, a.seed)
+        run = open_loop(a.address, a.rate, a.seconds, a.seed, a.slice_s)
     elif a.mode == "watch":
-        run = watch_loop(a.address, a.rate, a.seconds, a.seed, a.jobs)
+        run = watch_loop(a.address, a.rate, a.seconds, a.seed, a.jobs, a.slice_s)
     else:
         run = sustained(a.address, a.in_flight, a.seconds)
-    print(json.dumps(asdict(asyncio.run(run))), flush=True)
+    print(json.dumps([asdict(o) for o in asyncio.run(run)]), flush=True)
     sys.exit(0)
 
 

@@ -6,22 +6,23 @@ two servers, each on a new store of that kind and in processes of its own
 - the product: a rack brought up as `rdu up` does, its orchestrator on that store;
 - the floor: the bare grpcio server of bench_floor.py, making the same durable write
   (the same store class, committed and flushed before the answer) and nothing else.
-Every load comes from the load generator (bench_loadgen.py), a process of its own, with
-the same arguments for both servers, the floor's just before the product's, the whole
-sequence ROUNDS times over; a figure is the median over the rounds of each round's
-percentile or rate, so that both meet the machine as it is and a burst of load from
-elsewhere that hits one round moves it little.
+Every load comes from the load generator (bench_loadgen.py), a process of its own, the
+same for both servers: the open and watch loads switch between the two every SLICE_S
+within one load, so that a burst of load from elsewhere falls on both alike; the closed
+loop loads the floor, then the product. The whole sequence runs ROUNDS times over; a
+figure is the median over the rounds of each round's percentile or rate, so that a
+burst that hits one round moves it little.
 
 While the figures with targets are measured, the rack's 16 sockets are held by two
 endpoint jobs (bench_servers.held): what is submitted queues, and the rack runs
 nothing. What is measured is then the control plane, admission to answer: the
 orchestrator's gRPC server, tracing, checks, validation, the durable write, waking the
 scheduler and the watchers. The loads, in order:
-1. open: 50 clients offering RATE SubmitJob calls/s in all for OPEN_S seconds a round
-   (open loop: a call's latency runs from its scheduled time);
-2. watch: WatchJob streams opened at WATCH_RATE/s for WATCH_S seconds a round, each on
-   one of the jobs submitted just before, timed from its scheduled time to its first
-   event;
+1. open: 50 clients offering RATE SubmitJob calls/s in all, SERVER_S seconds on each
+   server a round (open loop: a call's latency runs from its scheduled time);
+2. watch: WatchJob streams opened at WATCH_RATE/s, SERVER_S seconds on each server a
+   round, each on one of the jobs submitted just before, timed from its scheduled time
+   to its first event;
 3. sustained: IN_FLIGHT SubmitJob calls kept outstanding for SUSTAIN_S a round (closed
    loop).
 Then the holds are cancelled and the rack runs the thousands of jobs it was given, and
@@ -59,26 +60,31 @@ from rdurack.devtools.postgres import PostgresServer
 from rdurack.errors import RdurackError
 
 RATE = 200.0  # SubmitJob calls/s offered, in all
-# Each load runs this many times on each server, taking turns (measure); a figure is the
-# median over the rounds of each round's percentile or rate: a burst of load from
-# elsewhere that hits one round moves it little. With the rounds' samples merged into
-# one p99 instead, two runs' p99 ratios were up to 2x apart.
-ROUNDS = 4
+# Each load runs this many times on the two servers; a figure is the median over the
+# rounds of each round's percentile or rate. Within a round the open and watch loads
+# switch between the floor and the product every SLICE_S (bench_loadgen.py), so that a
+# burst of load from elsewhere on the machine, which sets a p99, falls on both alike:
+# with the two loaded one after the other, seconds apart, two runs' p99 ratios were up
+# to 65% apart; with the rounds' samples merged into one p99, up to 2x.
+ROUNDS = 6
 RUNNING_ROUNDS = 2  # of the open load while the rack runs its queue (no target)
-OPEN_S = 4.0  # seconds of each load, each round
+SLICE_S = 0.25
+SERVER_S = 4.0  # seconds of each load on each server, each round
 WATCH_RATE = 100.0  # WatchJob streams opened per second
-WATCH_S = 4.0
-SUSTAIN_S = 2.0
+SUSTAIN_S = 2.0  # closed loop: the floor's, then the product's
 IN_FLIGHT = 64
 P99_RATIO = 3.0  # the issue's: p99 at most 3x the floor's
 P99_MS = 25.0  # ... and at most 25 ms
 SUSTAINED_PER_S = 1000.0
 LOAD_TIMEOUT_S = 180.0
+_SLICED = ("--seconds", f"{2 * SERVER_S:g}", "--slice-s", f"{SLICE_S:g}")
 LOADS = {
-    "open": ("--rate", f"{RATE:g}", "--seconds", f"{OPEN_S:g}"),
-    "watch": ("--rate", f"{WATCH_RATE:g}", "--seconds", f"{WATCH_S:g}"),
+    "open": ("--rate", f"{RATE:g}", *_SLICED),
+    "watch": ("--rate", f"{WATCH_RATE:g}", *_SLICED),
     "sustained": ("--in-flight", str(IN_FLIGHT), "--seconds", f"{SUSTAIN_S:g}"),
 }
+# The open load on the product alone, while the rack runs its queue.
+RUNNING = ("--rate", f"{RATE:g}", "--seconds", f"{SERVER_S:g}")
 
 
 def quantile(values_ms: list[float], q: int) -> float:
@@ -93,12 +99,17 @@ def rate(outcome: Outcome) -> float:
     return outcome.calls / outcome.elapsed_s
 
 
-def load(mode: str, address: str, seed: int = 1000) -> Outcome:
-    """One load of LOADS on the server at `address`, from bench_loadgen.py in its own
-    process (`seed`: its clients' schedules)."""
-    command = [sys.executable, "-m", "rdurack.devtools.bench_loadgen", mode]
+def load(
+    mode: str, addresses: list[str], seed: int = 1000, args: tuple[str, ...] = ()
+) -> list[Outcome]:
+    """One load of LOADS (or `args`) on the servers at `addresses`, from
+    bench_loadgen.py in its own process (`seed`: its clients' schedules): an Outcome
+    for each server."""
+    command = [sys.executable, "-m", "rdurack.devtools.bench_loadgen", mode, "--seed", str(seed)]
+    for address in addresses:
+        command += ["--address", address]
     done = subprocess.run(
-        [*command, "--address", address, "--seed", str(seed), *LOADS[mode]],
+        [*command, *(args or LOADS[mode])],
         capture_output=True,
         text=True,
         timeout=LOAD_TIMEOUT_S,
@@ -107,7 +118,7 @@ def load(mode: str, address: str, seed: int = 1000) -> Outcome:
     )
     if done.returncode != 0:
         raise RdurackError(f"the load generator ({mode}) failed: {done.stderr[-2000:]}")
-    return Outcome(**json.loads(done.stdout.splitlines()[-1]))
+    return [Outcome(**o) for o in json.loads(done.stdout.splitlines()[-1])]
 
 
 def median_of_rounds(rounds: list[Outcome], measure: Callable[[Outcome], float]) -> float:
@@ -124,15 +135,15 @@ Rounds = dict[str, list[Outcome]]  # each load's rounds, by load
 
 
 def measure(floor: str, product: str) -> tuple[Rounds, Rounds]:
-    """Every load of LOADS on the floor at `floor`, then at once on the product at
-    `product`, ROUNDS times over, the same schedules for both in each round: (the
-    floor's rounds, the product's), by load. Taking turns this way, a moment of load
-    from elsewhere on the machine falls on both alike."""
+    """Every load of LOADS on the floor at `floor` and the product at `product`, ROUNDS
+    times over, each round with its own schedules: (the floor's rounds, the
+    product's), by load."""
     runs: tuple[Rounds, Rounds] = ({}, {})
     for r in range(ROUNDS):
         for mode in LOADS:
-            for server, out in zip((floor, product), runs, strict=True):
-                out.setdefault(mode, []).append(load(mode, server, seed=1000 + 100 * r))
+            outcomes = load(mode, [floor, product], seed=1000 + 100 * r)
+            for out, outcome in zip(runs, outcomes, strict=True):
+                out.setdefault(mode, []).append(outcome)
     return runs
 
 
@@ -216,7 +227,9 @@ def _one_store(name: str, product_store: str, floor_store: str, root: Path) -> l
     with rack(root / name, product_store) as orchestrator, floor_server(floor_store, logs) as floor:
         with held(orchestrator):
             floors, products = measure(floor, orchestrator)
-        running = [load("open", orchestrator, 1000 + 100 * r) for r in range(RUNNING_ROUNDS)]
+        running = [
+            load("open", [orchestrator], 1000 + 100 * r, RUNNING)[0] for r in range(RUNNING_ROUNDS)
+        ]
     return figures(name, floors, products, running)
 
 

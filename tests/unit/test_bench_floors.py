@@ -7,6 +7,7 @@ timed against a bound: the targets are `make bench`'s."""
 from __future__ import annotations
 
 import asyncio
+import random
 import statistics
 import threading
 from collections.abc import Callable, Iterator
@@ -41,7 +42,7 @@ def test_the_floor_stores_each_submission_durably_and_streams_its_events(
     floor: tuple[str, JobStore],
 ) -> None:
     address, store = floor
-    opened = asyncio.run(open_loop(address, rate=100.0, seconds=0.3, seed=1))
+    (opened,) = asyncio.run(open_loop([address], rate=100.0, seconds=0.3, seed=1))
     assert opened.errors == 0 and opened.calls > 0
     assert len(opened.latencies_ms) == opened.calls  # one latency per call sent
     assert all(ms >= 0 for ms in opened.latencies_ms)
@@ -49,11 +50,34 @@ def test_the_floor_stores_each_submission_durably_and_streams_its_events(
     jobs = store.list()
     assert len(jobs) == opened.calls + CLIENTS
     assert {j.state for j in jobs} == {JobState.PENDING}
-    watched = asyncio.run(watch_loop(address, rate=100.0, seconds=0.2, seed=1, jobs=3))
+    (watched,) = asyncio.run(watch_loop([address], rate=100.0, seconds=0.2, seed=1, jobs=3))
     assert watched.errors == 0 and watched.calls == len(watched.latencies_ms) > 0
-    held = asyncio.run(sustained(address, in_flight=4, seconds=0.2))
+    (held,) = asyncio.run(sustained([address], in_flight=4, seconds=0.2))
     assert held.errors == 0 and held.calls > 0 and held.elapsed_s > 0
     assert not held.latencies_ms  # a closed loop counts calls, it does not time them
+
+
+def test_an_open_load_on_two_servers_sends_each_slice_to_one_in_turn(tmp_path: Path) -> None:
+    rate, seconds, seed, slice_s = 100.0, 1.0, 7, 0.25
+    # The calls each server should get: the clients' seeded schedules, slice by slice.
+    expected = [0, 0]
+    for i in range(CLIENTS):
+        rng = random.Random(seed + i)
+        due = rng.expovariate(rate / CLIENTS)
+        while due < seconds:
+            expected[int(due / slice_s) % 2] += 1
+            due += rng.expovariate(rate / CLIENTS)
+    with JobStore(tmp_path / "a.sqlite") as a, JobStore(tmp_path / "b.sqlite") as b:
+        servers = [serve(a), serve(b)]
+        try:
+            outs = asyncio.run(open_loop([x for _, x in servers], rate, seconds, seed, slice_s))
+        finally:
+            for server, _ in servers:
+                server.stop(0).wait()
+        assert [o.calls for o in outs] == expected and min(expected) > 0
+        assert all(o.errors == 0 and len(o.latencies_ms) == o.calls for o in outs)
+        # Each store holds the calls its server answered, and the clients' warm-ups.
+        assert [len(a.list()), len(b.list())] == [n + CLIENTS for n in expected]
 
 
 def test_an_outcome_counts_its_errors_and_keeps_the_first() -> None:
