@@ -21,13 +21,14 @@ generator little CPU and no GIL contention of its own.
   loop: each call sends the next when it answers), for `seconds`; the figure is calls
   answered per second, what the server sustains.
 
-Given several addresses (a product and its floor), `open` and `watch` load them in
-turns within one load: time is cut into slices of `slice_s`, and a call scheduled in
-the k-th slice goes to the k-th server, round robin, each with its own clients. So a
-moment of load from elsewhere on the machine (a burst that sets a p99) falls on the
-servers alike, where loads one after the other, seconds apart, each met their own; each
-server sees `rate` calls/s while it is loaded, for `seconds` / (servers) in all.
-`sustained`, a closed loop, loads them one after the other.
+Given several addresses (a product and its floor), a load takes them in turns: time is
+cut into slices of `slice_s`, and a call scheduled (open, watch) or started
+(sustained) in the k-th slice goes to the k-th server, round robin, each with its own
+clients. So a moment of load from elsewhere on the machine (a burst that sets a p99,
+the database's background work after the other's writes) falls on the servers alike,
+where loads one after the other, seconds apart, each met their own. Each server sees
+`rate` calls/s, or `in_flight` calls, while it is loaded, for `seconds` / (servers) in
+all.
 """
 
 from __future__ import annotations
@@ -225,32 +226,36 @@ async def watch_loop(
     return outs
 
 
-async def sustained(addresses: Sequence[str], in_flight: int, seconds: float) -> list[Outcome]:
-    return [await _sustained(a, in_flight, seconds) for a in addresses]
-
-
-async def _sustained(address: str, in_flight: int, seconds: float) -> Outcome:
-    out = Outcome("sustained")
-    clients = await _clients(address, CHANNELS)
+async def sustained(
+    addresses: Sequence[str], in_flight: int, seconds: float, slice_s: float = 1.0
+) -> list[Outcome]:
+    """`in_flight` closed loops; each call goes to the server whose slice it starts in,
+    and counts for it. The boundary costs each server alike: its first calls of a slice
+    wait for the other's last to answer, and its own last run into the other's."""
+    clients = [await _clients(a, CHANNELS) for a in addresses]
+    outs = [Outcome("sustained") for _ in addresses]
     t0 = time.perf_counter()
     end = t0 + seconds
 
-    async def loop(k: int) -> None:
-        c = clients[k % len(clients)]
+    async def loop(j: int) -> None:
         n = 0
-        while time.perf_counter() < end:
+        while (now := time.perf_counter()) < end:
+            k = int((now - t0) / slice_s) % len(clients)
             try:
-                await c.submit(small_job(f"sustained {k} #{n}"), timeout=RPC_TIMEOUT_S)
+                await clients[k][j % CHANNELS].submit(
+                    small_job(f"sustained {j} #{n}"), timeout=RPC_TIMEOUT_S
+                )
             except grpc.RpcError as e:
-                out.failed(e)
+                outs[k].failed(e)
                 return
-            out.calls += 1
+            outs[k].calls += 1
             n += 1
 
-    await asyncio.gather(*(loop(k) for k in range(in_flight)))
-    out.elapsed_s = time.perf_counter() - t0
-    await _closed([clients])
-    return out
+    await asyncio.gather(*(loop(j) for j in range(in_flight)))
+    for out in outs:
+        out.elapsed_s = (time.perf_counter() - t0) / len(clients)
+    await _closed(clients)
+    return outs
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -264,16 +269,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=1000)
     parser.add_argument("--in-flight", type=int, default=64, help="calls outstanding (sustained)")
     parser.add_argument("--jobs", type=int, default=200, help="jobs to watch (watch)")
-    parser.add_argument(
-        "--slice-s", type=float, default=0.25, help="seconds each server is loaded in turn"
-    )
+    parser.add_argument("--slice-s", type=float, help="seconds each server is loaded in turn")
     a = parser.parse_args(argv)
     if a.mode == "open":
-        run = open_loop(a.address, a.rate, a.seconds, a.seed, a.slice_s)
+        run = open_loop(a.address, a.rate, a.seconds, a.seed, a.slice_s or 0.25)
     elif a.mode == "watch":
-        run = watch_loop(a.address, a.rate, a.seconds, a.seed, a.jobs, a.slice_s)
+        run = watch_loop(a.address, a.rate, a.seconds, a.seed, a.jobs, a.slice_s or 0.25)
     else:
-        run = sustained(a.address, a.in_flight, a.seconds)
+        run = sustained(a.address, a.in_flight, a.seconds, a.slice_s or 1.0)
     print(json.dumps([asdict(o) for o in asyncio.run(run)]), flush=True)
     sys.exit(0)
 

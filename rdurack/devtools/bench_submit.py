@@ -7,9 +7,9 @@ two servers, each on a new store of that kind and in processes of its own
 - the floor: the bare grpcio server of bench_floor.py, making the same durable write
   (the same store class, committed and flushed before the answer) and nothing else.
 Every load comes from the load generator (bench_loadgen.py), a process of its own, the
-same for both servers: the open and watch loads switch between the two every SLICE_S
-within one load, so that a burst of load from elsewhere falls on both alike; the closed
-loop loads the floor, then the product. The whole sequence runs ROUNDS times over; a
+same for both servers: each load switches between the two every SLICE_S
+(SUSTAIN_SLICE_S for the closed loop) within one load, so that a burst of load from
+elsewhere falls on both alike. The whole sequence runs ROUNDS times over; a
 figure is the median over the rounds of each round's percentile or rate, so that a
 burst that hits one round moves it little.
 
@@ -23,8 +23,8 @@ scheduler and the watchers. The loads, in order:
 2. watch: WatchJob streams opened at WATCH_RATE/s, SERVER_S seconds on each server a
    round, each on one of the jobs submitted just before, timed from its scheduled time
    to its first event;
-3. sustained: IN_FLIGHT SubmitJob calls kept outstanding for SUSTAIN_S a round (closed
-   loop).
+3. sustained: IN_FLIGHT SubmitJob calls kept outstanding, SUSTAIN_S on each server a
+   round (closed loop).
 Then the holds are cancelled and the rack runs the thousands of jobs it was given, and
 the open load runs RUNNING_ROUNDS more times on the product: SubmitJob while the rack's
 own work (the node agents and 16 socket actors running jobs, on the same two cores as
@@ -61,8 +61,8 @@ from rdurack.errors import RdurackError
 
 RATE = 200.0  # SubmitJob calls/s offered, in all
 # Each load runs this many times on the two servers; a figure is the median over the
-# rounds of each round's percentile or rate. Within a round the open and watch loads
-# switch between the floor and the product every SLICE_S (bench_loadgen.py), so that a
+# rounds of each round's percentile or rate. Within a round each load switches between
+# the floor and the product every SLICE_S (bench_loadgen.py), so that a
 # burst of load from elsewhere on the machine, which sets a p99, falls on both alike:
 # with the two loaded one after the other, seconds apart, two runs' p99 ratios were up
 # to 65% apart; with the rounds' samples merged into one p99, up to 2x.
@@ -71,7 +71,10 @@ RUNNING_ROUNDS = 2  # of the open load while the rack runs its queue (no target)
 SLICE_S = 0.25
 SERVER_S = 4.0  # seconds of each load on each server, each round
 WATCH_RATE = 100.0  # WatchJob streams opened per second
-SUSTAIN_S = 2.0  # closed loop: the floor's, then the product's
+# The closed loop's slices are longer: at each switch a server's first calls wait for
+# the other's last (some 60 ms at 64 in flight).
+SUSTAIN_SLICE_S = 1.0
+SUSTAIN_S = 2.0  # on each server, each round
 IN_FLIGHT = 64
 P99_RATIO = 3.0  # the issue's: p99 at most 3x the floor's
 P99_MS = 25.0  # ... and at most 25 ms
@@ -81,7 +84,14 @@ _SLICED = ("--seconds", f"{2 * SERVER_S:g}", "--slice-s", f"{SLICE_S:g}")
 LOADS = {
     "open": ("--rate", f"{RATE:g}", *_SLICED),
     "watch": ("--rate", f"{WATCH_RATE:g}", *_SLICED),
-    "sustained": ("--in-flight", str(IN_FLIGHT), "--seconds", f"{SUSTAIN_S:g}"),
+    "sustained": (
+        "--in-flight",
+        str(IN_FLIGHT),
+        "--seconds",
+        f"{2 * SUSTAIN_S:g}",
+        "--slice-s",
+        f"{SUSTAIN_SLICE_S:g}",
+    ),
 }
 # The open load on the product alone, while the rack runs its queue.
 RUNNING = ("--rate", f"{RATE:g}", "--seconds", f"{SERVER_S:g}")

@@ -19,7 +19,14 @@ import pytest
 from rdurack.devtools import bench_submit
 from rdurack.devtools.bench_bare import Member
 from rdurack.devtools.bench_floor import serve
-from rdurack.devtools.bench_loadgen import CLIENTS, Outcome, open_loop, sustained, watch_loop
+from rdurack.devtools.bench_loadgen import (
+    CHANNELS,
+    CLIENTS,
+    Outcome,
+    open_loop,
+    sustained,
+    watch_loop,
+)
 from rdurack.devtools.bench_rack_floors import alternate
 from rdurack.devtools.bench_servers import without_password
 from rdurack.errors import RdurackError
@@ -57,7 +64,7 @@ def test_the_floor_stores_each_submission_durably_and_streams_its_events(
     assert not held.latencies_ms  # a closed loop counts calls, it does not time them
 
 
-def test_an_open_load_on_two_servers_sends_each_slice_to_one_in_turn(tmp_path: Path) -> None:
+def test_a_load_on_two_servers_sends_each_slice_to_one_in_turn(tmp_path: Path) -> None:
     rate, seconds, seed, slice_s = 100.0, 1.0, 7, 0.25
     # The calls each server should get: the clients' seeded schedules, slice by slice.
     expected = [0, 0]
@@ -69,15 +76,22 @@ def test_an_open_load_on_two_servers_sends_each_slice_to_one_in_turn(tmp_path: P
             due += rng.expovariate(rate / CLIENTS)
     with JobStore(tmp_path / "a.sqlite") as a, JobStore(tmp_path / "b.sqlite") as b:
         servers = [serve(a), serve(b)]
+        addresses = [x for _, x in servers]
         try:
-            outs = asyncio.run(open_loop([x for _, x in servers], rate, seconds, seed, slice_s))
+            outs = asyncio.run(open_loop(addresses, rate, seconds, seed, slice_s))
+            assert [o.calls for o in outs] == expected and min(expected) > 0
+            assert all(o.errors == 0 and len(o.latencies_ms) == o.calls for o in outs)
+            # Each store holds the calls its server answered, and the clients' warm-ups.
+            assert [len(a.list()), len(b.list())] == [n + CLIENTS for n in expected]
+            # The closed loop takes turns too: each call counts for the server it went to.
+            held = asyncio.run(sustained(addresses, in_flight=4, seconds=0.4, slice_s=0.1))
+            assert all(o.errors == 0 and o.calls > 0 for o in held)
+            warm_ups = CLIENTS + CHANNELS
+            got = [len(a.list()), len(b.list())]
+            assert got == [n + warm_ups + h.calls for n, h in zip(expected, held, strict=True)]
         finally:
             for server, _ in servers:
                 server.stop(0).wait()
-        assert [o.calls for o in outs] == expected and min(expected) > 0
-        assert all(o.errors == 0 and len(o.latencies_ms) == o.calls for o in outs)
-        # Each store holds the calls its server answered, and the clients' warm-ups.
-        assert [len(a.list()), len(b.list())] == [n + CLIENTS for n in expected]
 
 
 def test_an_outcome_counts_its_errors_and_keeps_the_first() -> None:
