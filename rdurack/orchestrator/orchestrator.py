@@ -150,7 +150,7 @@ class Orchestrator:
             if heartbeat_s
             else None
         )
-        self._wake = threading.Condition()
+        self._kicked = threading.Event()  # something changed: a round is due
         self._signals = JobSignals()  # wakes a job's watchers on its new events
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -280,16 +280,17 @@ class Orchestrator:
 
     def _loop(self) -> None:
         while not self._stop.is_set():
+            # Cleared before the round reads anything: a change from here on, during the
+            # round too, calls for the next one.
+            self._kicked.clear()
             try:
                 self.schedule_once()
             except Exception:  # the loop must survive anything; the next round retries
                 log.exception("scheduling round failed")
-            with self._wake:
-                self._wake.wait(timeout=self.poll_s)
+            self._kicked.wait(timeout=self.poll_s)
 
     def _kick(self) -> None:
-        with self._wake:
-            self._wake.notify_all()
+        self._kicked.set()
 
     # ------------------------------------------------------------------ the API
 

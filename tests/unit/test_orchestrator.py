@@ -5,6 +5,7 @@ The tests step the orchestrator: each scheduling round a test needs, it runs
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -298,3 +299,31 @@ def test_impossible_training_jobs_are_refused_before_they_are_stored(
     assert orch.jobs() == []
     progressive = capped.model_copy(update={"strategy": "progressive"})
     orch.validate(JobSpec(payload_mode="functional", workload=progressive))
+
+
+def test_a_submission_during_a_round_calls_for_another_round(
+    tmp_path: Path, gateway: FakeGateway, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The scheduling thread, with a poll far beyond the test's patience: only the
+    # submission's wake-up can bring the second round. It arrives at the end of the
+    # first round, after the round read the queue and before the thread waits (where a
+    # wake-up was once lost until the next poll).
+    o = Orchestrator(JobStore(tmp_path / "jobs.sqlite"), gateway, RACK, poll_s=600)
+    rounds: list[int] = []
+    one_round = o.schedule_once
+
+    def counted() -> int:
+        started = one_round()
+        rounds.append(started)
+        if len(rounds) == 1:
+            o.submit(spec(sockets=1))
+        return started
+
+    monkeypatch.setattr(o, "schedule_once", counted)
+    o.start()
+    try:
+        until(lambda: len(rounds) >= 2, "a second round after the submission")
+        assert rounds[:2] == [0, 1]  # the second round placed the job
+    finally:
+        o.stop()
+        o.store.close()
