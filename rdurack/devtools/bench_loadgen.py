@@ -22,13 +22,13 @@ generator little CPU and no GIL contention of its own.
   answered per second, what the server sustains.
 
 Given several addresses (a product and its floor), a load takes them in turns: time is
-cut into slices of `slice_s`, and a call scheduled (open, watch) or started
-(sustained) in the k-th slice goes to the k-th server, round robin, each with its own
-clients. So a moment of load from elsewhere on the machine (a burst that sets a p99,
-the database's background work after the other's writes) falls on the servers alike,
-where loads one after the other, seconds apart, each met their own. Each server sees
-`rate` calls/s, or `in_flight` calls, while it is loaded, for `seconds` / (servers) in
-all.
+cut into slices of `slice_s`, each slice given to one server (`Turns`), and a call
+scheduled (open, watch) or started (sustained) in a slice goes to its server, each
+server with its own clients. So a moment of load from elsewhere on the machine (a burst
+that sets a p99, the database's background work after the other's writes) falls on the
+servers alike, where loads one after the other, seconds apart, each met their own. Each
+server sees `rate` calls/s, or `in_flight` calls, while it is loaded, for `seconds` /
+(servers) in all.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import random
 import sys
 import time
@@ -92,6 +93,23 @@ class Outcome:
             self.first_error = f"{code} {error}".strip()[:500]
 
 
+class Turns:
+    """Which server each slice of a load goes to: each server the same number of slices
+    (the first ones one more, when they do not divide), in an order shuffled by `seed`.
+    Not round robin: a disturbance with a period of two slices (a timer of 0.5 s, with
+    slices of 0.25 s) then fell on one server's slices all through a round, and the
+    floor's and the product's p99 took turns at being twice the other's."""
+
+    def __init__(self, servers: int, seconds: float, slice_s: float, seed: int) -> None:
+        self.order = [j % servers for j in range(max(1, math.ceil(seconds / slice_s)))]
+        random.Random(f"turns {seed}").shuffle(self.order)
+        self.slice_s = slice_s
+
+    def at(self, t_s: float) -> int:
+        """The server of the slice `t_s` seconds into the load."""
+        return self.order[min(int(t_s / self.slice_s), len(self.order) - 1)]
+
+
 class _Client:
     """One connected channel and the two methods the load calls on it."""
 
@@ -133,10 +151,11 @@ async def _poisson(
     call: Callable[[int, _Client, int, int], Awaitable[None]],
 ) -> list[Outcome]:
     """Each of CLIENTS schedules calls on its own Poisson schedule, `rate` in all; a call
-    scheduled in slice k (of `slice_s`) is `call(server, client, i, n)` on server k mod
-    the servers' count (`clients`: each server's clients). The latency of each runs from
+    scheduled in a slice (of `slice_s`) is `call(server, client, i, n)` on the slice's
+    server (`Turns`; `clients`: each server's clients). The latency of each runs from
     its scheduled time to `call`'s end. One Outcome per server."""
     servers = len(clients)
+    turns = Turns(servers, seconds, slice_s, seed)
     outs = [Outcome(mode) for _ in range(servers)]
     per_client = rate / len(clients[0])
     t0 = time.perf_counter()
@@ -150,7 +169,7 @@ async def _poisson(
             wait = t0 + due - time.perf_counter()
             if wait > 0:
                 await asyncio.sleep(wait)
-            k = int(due / slice_s) % servers
+            k = turns.at(due)
             # Each call on its own task: a slow answer must not delay the next send,
             # which is the client's own schedule (an open loop).
             task = asyncio.create_task(_timed(call(k, clients[k][i], i, n), t0 + due, outs[k]))
@@ -227,12 +246,13 @@ async def watch_loop(
 
 
 async def sustained(
-    addresses: Sequence[str], in_flight: int, seconds: float, slice_s: float = 1.0
+    addresses: Sequence[str], in_flight: int, seconds: float, seed: int, slice_s: float = 1.0
 ) -> list[Outcome]:
     """`in_flight` closed loops; each call goes to the server whose slice it starts in,
     and counts for it. The boundary costs each server alike: its first calls of a slice
     wait for the other's last to answer, and its own last run into the other's."""
     clients = [await _clients(a, CHANNELS) for a in addresses]
+    turns = Turns(len(addresses), seconds, slice_s, seed)
     outs = [Outcome("sustained") for _ in addresses]
     t0 = time.perf_counter()
     end = t0 + seconds
@@ -240,7 +260,7 @@ async def sustained(
     async def loop(j: int) -> None:
         n = 0
         while (now := time.perf_counter()) < end:
-            k = int((now - t0) / slice_s) % len(clients)
+            k = turns.at(now - t0)
             try:
                 await clients[k][j % CHANNELS].submit(
                     small_job(f"sustained {j} #{n}"), timeout=RPC_TIMEOUT_S
@@ -276,7 +296,7 @@ def main(argv: list[str] | None = None) -> None:
     elif a.mode == "watch":
         run = watch_loop(a.address, a.rate, a.seconds, a.seed, a.jobs, a.slice_s or 0.25)
     else:
-        run = sustained(a.address, a.in_flight, a.seconds, a.slice_s or 1.0)
+        run = sustained(a.address, a.in_flight, a.seconds, a.seed, a.slice_s or 1.0)
     print(json.dumps([asdict(o) for o in asyncio.run(run)]), flush=True)
     sys.exit(0)
 

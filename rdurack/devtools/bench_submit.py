@@ -7,11 +7,13 @@ two servers, each on a new store of that kind and in processes of its own
 - the floor: the bare grpcio server of bench_floor.py, making the same durable write
   (the same store class, committed and flushed before the answer) and nothing else.
 Every load comes from the load generator (bench_loadgen.py), a process of its own, the
-same for both servers: each load switches between the two every SLICE_S
-(SUSTAIN_SLICE_S for the closed loop) within one load, so that a burst of load from
-elsewhere falls on both alike. The whole sequence runs ROUNDS times over; a
-figure is the median over the rounds of each round's percentile or rate, so that a
-burst that hits one round moves it little.
+same for both servers: each load switches between the two in slices of SLICE_S
+(SUSTAIN_SLICE_S for the closed loop), given to each in a shuffled order, so that a
+burst of load from elsewhere falls on both alike. The whole sequence runs ROUNDS times
+over; a percentile is taken over every round's calls together, a rate is the median
+over the rounds. A first round, not counted, warms both (the servers' caches and
+connections, the rack's holds settling): the product's p99 in the first two rounds was
+twice its p99 in the others.
 
 While the figures with targets are measured, the rack's 16 sockets are held by two
 endpoint jobs (bench_servers.held): what is submitted queues, and the rack runs
@@ -43,7 +45,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
 
 from rdurack import RAY_ENVIRONMENT
@@ -60,12 +61,14 @@ from rdurack.devtools.postgres import PostgresServer
 from rdurack.errors import RdurackError
 
 RATE = 200.0  # SubmitJob calls/s offered, in all
-# Each load runs this many times on the two servers; a figure is the median over the
-# rounds of each round's percentile or rate. Within a round each load switches between
-# the floor and the product every SLICE_S (bench_loadgen.py), so that a
-# burst of load from elsewhere on the machine, which sets a p99, falls on both alike:
-# with the two loaded one after the other, seconds apart, two runs' p99 ratios were up
-# to 65% apart; with the rounds' samples merged into one p99, up to 2x.
+# Each load runs this many times on the two servers. Within a round each load switches
+# between the floor and the product in slices of SLICE_S given to each in a shuffled
+# order (bench_loadgen.Turns), so that a burst of load from elsewhere on the machine,
+# which sets a p99, falls on both alike. A percentile is taken over every round's calls
+# together (4,800 a server), a rate is the median over the rounds. Two runs' p99 ratios
+# were up to 65% apart with the two servers loaded one after the other, seconds apart;
+# up to 74% with the slices in turn (a 0.5 s timer fell on one server's slices all
+# round) and each round's p99 taken apart; 6% with both as they are now.
 ROUNDS = 6
 RUNNING_ROUNDS = 2  # of the open load while the rack runs its queue (no target)
 SLICE_S = 0.25
@@ -131,14 +134,14 @@ def load(
     return [Outcome(**o) for o in json.loads(done.stdout.splitlines()[-1])]
 
 
-def median_of_rounds(rounds: list[Outcome], measure: Callable[[Outcome], float]) -> float:
-    """The median over the rounds of `measure` of each round (a percentile, a rate)."""
-    return statistics.median(measure(o) for o in rounds)
+def percentile(rounds: list[Outcome], q: int) -> float:
+    """The q-th percentile of the latencies of every round's calls, together (ms)."""
+    return quantile([ms for o in rounds for ms in o.latencies_ms], q)
 
 
-def p(q: int) -> Callable[[Outcome], float]:
-    """The q-th percentile of a round's latencies (ms)."""
-    return lambda o: quantile(o.latencies_ms, q)
+def median_rate(rounds: list[Outcome]) -> float:
+    """The median over the rounds of each round's calls/s."""
+    return statistics.median(rate(o) for o in rounds)
 
 
 Rounds = dict[str, list[Outcome]]  # each load's rounds, by load
@@ -146,12 +149,14 @@ Rounds = dict[str, list[Outcome]]  # each load's rounds, by load
 
 def measure(floor: str, product: str) -> tuple[Rounds, Rounds]:
     """Every load of LOADS on the floor at `floor` and the product at `product`, ROUNDS
-    times over, each round with its own schedules: (the floor's rounds, the
-    product's), by load."""
+    times over after a round not counted, each round with its own schedules: (the
+    floor's rounds, the product's), by load."""
     runs: tuple[Rounds, Rounds] = ({}, {})
-    for r in range(ROUNDS):
+    for r in range(-1, ROUNDS):
         for mode in LOADS:
             outcomes = load(mode, [floor, product], seed=1000 + 100 * r)
+            if r < 0:
+                continue  # the warm-up round (module docstring)
             for out, outcome in zip(runs, outcomes, strict=True):
                 out.setdefault(mode, []).append(outcome)
     return runs
@@ -169,18 +174,18 @@ def figures(
     watch = f"WatchJob first event p99, {WATCH_RATE:g} streams/s opened, {store}"
     sustained = f"SubmitJob calls/s sustained, {IN_FLIGHT} in flight, {store}"
     busy = f"{at}, the rack running its queue"
-    p99 = median_of_rounds(product["open"], p(99))
-    watch_p99 = median_of_rounds(product["watch"], p(99))
-    served = median_of_rounds(product["sustained"], rate)
+    p99 = percentile(product["open"], 99)
+    watch_p99 = percentile(product["watch"], 99)
+    served = median_rate(product["sustained"])
     errors = sum(o.errors for rounds in [*product.values(), running] for o in rounds)
     return [
         BenchFigure(
             f"SubmitJob latency p50, {at}",
-            median_of_rounds(product["open"], p(50)),
+            percentile(product["open"], 50),
             "ms",
             None,
             "lower",
-            floor=median_of_rounds(floor["open"], p(50)),
+            floor=percentile(floor["open"], 50),
         ),
         BenchFigure(
             f"SubmitJob latency p99, {at}",
@@ -188,7 +193,7 @@ def figures(
             "ms",
             P99_RATIO,
             "lower",
-            floor=median_of_rounds(floor["open"], p(99)),
+            floor=percentile(floor["open"], 99),
         ),
         BenchFigure(f"SubmitJob latency p99, {at}: absolute", p99, "ms", P99_MS, "lower"),
         BenchFigure(
@@ -197,7 +202,7 @@ def figures(
             "ms",
             P99_RATIO,
             "lower",
-            floor=median_of_rounds(floor["watch"], p(99)),
+            floor=percentile(floor["watch"], 99),
         ),
         BenchFigure(f"{watch}: absolute", watch_p99, "ms", P99_MS, "lower"),
         BenchFigure(
@@ -206,24 +211,24 @@ def figures(
             "calls/s",
             None,
             "higher",
-            floor=median_of_rounds(floor["sustained"], rate),
+            floor=median_rate(floor["sustained"]),
         ),
         BenchFigure(f"{sustained}: absolute", served, "calls/s", SUSTAINED_PER_S, "higher"),
         BenchFigure(
             f"SubmitJob latency p50, {busy}",
-            median_of_rounds(running, p(50)),
+            percentile(running, 50),
             "ms",
             None,
             "lower",
-            floor=median_of_rounds(floor["open"], p(50)),
+            floor=percentile(floor["open"], 50),
         ),
         BenchFigure(
             f"SubmitJob latency p99, {busy}",
-            median_of_rounds(running, p(99)),
+            percentile(running, 99),
             "ms",
             None,
             "lower",
-            floor=median_of_rounds(floor["open"], p(99)),
+            floor=percentile(floor["open"], 99),
         ),
         BenchFigure(f"calls failed in these loads, {store}", errors, "calls", 0, "lower"),
     ]
