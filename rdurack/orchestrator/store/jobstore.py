@@ -132,17 +132,14 @@ class JobStore:
         return self._load(db, job_id, self._backend.lock_rows)
 
     @staticmethod
-    def _append_event(
-        db: Db, job_id: str, kind: str, payload: str, time_s: float, seq: int | None = None
-    ) -> int:
-        """Append one event (payload already JSON); inside a write that locked the job,
-        so no other writer can take the same next number. `seq`: its number when the
-        caller knows it (a job's first event is 1), else the next one."""
-        if seq is None:
-            last = db.execute(
-                "SELECT COALESCE(MAX(seq), 0) AS last FROM events WHERE job_id = ?", (job_id,)
-            ).fetchone()["last"]
-            seq = int(last) + 1
+    def _append_event(db: Db, job_id: str, kind: str, payload: str, time_s: float) -> int:
+        """Append one event (payload already JSON) as the job's next; inside a write that
+        locked the job, so no other writer can take the same number. (A job's first
+        event is written with it: schema.FIRST_EVENT.)"""
+        last = db.execute(
+            "SELECT COALESCE(MAX(seq), 0) AS last FROM events WHERE job_id = ?", (job_id,)
+        ).fetchone()["last"]
+        seq = int(last) + 1
         db.execute(
             f"INSERT INTO events ({EVENT_COLUMNS}) VALUES (?, ?, ?, ?, ?)",
             (job_id, seq, kind, payload, time_s),
