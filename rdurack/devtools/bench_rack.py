@@ -4,8 +4,7 @@ Wall-clock figures on a shared 2-core machine are noisy: each figure is the medi
 several runs (after a warm-up, where there is one to make), beside its floor measured
 in the same run, the two taking turns (bench_rack_floors.py), and its target is a ratio
 to that floor: bring-up at most 2x its floor, link throughput at least 0.8x, the
-all-reduce at most 1.5x. The rack's
-memory has no floor and keeps its absolute target.
+all-reduce at most 1.5x. The rack's memory has no floor and keeps its absolute target.
 """
 
 from __future__ import annotations

@@ -135,7 +135,7 @@ class JobStore:
     def _append_event(db: Db, job_id: str, kind: str, payload: str, time_s: float) -> int:
         """Append one event (payload already JSON) as the job's next; inside a write that
         locked the job, so no other writer can take the same number. (A job's first
-        event is written with it: schema.FIRST_EVENT.)"""
+        event is written with it: schema.first_event.)"""
         last = db.execute(
             "SELECT COALESCE(MAX(seq), 0) AS last FROM events WHERE job_id = ?", (job_id,)
         ).fetchone()["last"]

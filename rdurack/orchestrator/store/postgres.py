@@ -33,10 +33,10 @@ from psycopg_pool import ConnectionPool
 from rdurack.errors import InvalidRequest, StoreUnavailable
 from rdurack.orchestrator.jobs import Job
 from rdurack.orchestrator.store.schema import (
-    EVENT_COLUMNS,
     SCHEMA_STATEMENTS,
     SCHEMA_VERSION,
     check_version,
+    first_event,
     first_event_args,
     submission,
 )
@@ -94,14 +94,12 @@ class PostgresBackend:
         # two inserts and COMMIT took five, about 0.45 ms of a 0.75 ms submission here.
         # The event's foreign key is checked at the statement's end, the job's row in.
         sql, args = submission(job, "nextval('jobs_seq')")
-        _, payload, time_s = first_event_args(job)
         with self._connection() as conn:
             row = (
                 _Connection(conn)
                 .execute(
-                    f"WITH j AS ({sql}), e AS (INSERT INTO events ({EVENT_COLUMNS}) "
-                    "SELECT id, 1, 'state', ?, ? FROM j) SELECT seq FROM j",
-                    (*args, payload, time_s),
+                    f"WITH j AS ({sql}), e AS ({first_event('id')} FROM j) SELECT seq FROM j",
+                    (*args, *first_event_args(job)),
                 )
                 .fetchone()
             )

@@ -145,13 +145,18 @@ def submission(job: Job, next_seq: str) -> tuple[str, tuple[Any, ...]]:
 
 
 EVENT_COLUMNS = "job_id, seq, kind, payload, time_s"
-# A submitted job's first event, its state (first_event_args); its number is 1.
-FIRST_EVENT = f"INSERT INTO events ({EVENT_COLUMNS}) VALUES (?, 1, 'state', ?, ?)"
 
 
-def first_event_args(job: Job) -> tuple[str, str, float]:
-    """FIRST_EVENT's arguments for `job`."""
-    return job.id, json.dumps({"state": job.state.value}), job.created_s
+def first_event(job_id: str) -> str:
+    """The statement that inserts a submitted job's first event, its state, number 1,
+    for the job whose id the SQL expression `job_id` gives; its arguments are
+    first_event_args."""
+    return f"INSERT INTO events ({EVENT_COLUMNS}) SELECT {job_id}, 1, 'state', ?, ?"
+
+
+def first_event_args(job: Job) -> tuple[str, float]:
+    """first_event's arguments for `job`: its payload and time."""
+    return json.dumps({"state": job.state.value}), job.created_s
 
 
 def result_json(result: JobResult | None) -> str | None:

@@ -22,12 +22,12 @@ from rdurack.errors import InvalidRequest
 from rdurack.orchestrator.jobs import Job
 from rdurack.orchestrator.store.group_commit import GroupCommit
 from rdurack.orchestrator.store.schema import (
-    FIRST_EVENT,
     JOBS_TABLE,
     SCHEMA_STATEMENTS,
     SCHEMA_VERSION,
     V1_COLUMNS,
     check_version,
+    first_event,
     first_event_args,
     submission,
 )
@@ -76,7 +76,7 @@ class SqliteBackend:
             row = db.execute(sql, args).fetchone()
             if row is None:
                 return None
-            db.execute(FIRST_EVENT, first_event_args(job))
+            db.execute(first_event("?"), (job.id, *first_event_args(job)))
             return int(row["seq"])
 
     @contextmanager
