@@ -50,8 +50,13 @@ from rdurack.workloads.serving.predict import predict_serve, predict_speculative
 from rdurack.workloads.serving.speculative import SpeculativeSetting
 from rdurack.workloads.serving.stream.bundle import BUNDLE_NAME
 from rdurack.workloads.serving.stream.replay import StreamSetting
-from rdurack.workloads.training.job import TrainingWorkload, check_fits, step_cost
-from rdurack.workloads.training.scaling import ScalingPoint, predict_scaling
+from rdurack.workloads.training.job import TrainingWorkload
+from rdurack.workloads.training.scaling import (
+    ScalingPoint,
+    check_fits,
+    predict_scaling,
+    step_cost,
+)
 
 
 def _model(name: str) -> ModelSpec:

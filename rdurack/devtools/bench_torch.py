@@ -28,8 +28,7 @@ from rdurack.devtools.bench_figure import BenchFigure
 from rdurack.node_agent.actors import start_ray
 from rdurack.node_agent.in_process import start_rack
 from rdurack.rack.presets import platform
-from rdurack.workloads.training.job import TrainingWorkload
-from rdurack.workloads.training.script_files import log_path
+from rdurack.workloads.training.job import TrainingWorkload, log_path
 
 SCRIPT = Path(__file__).with_name("bench_ddp_script.py")
 RANKS = 16

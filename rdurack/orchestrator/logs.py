@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rdurack.errors import InvalidRequest
-from rdurack.workloads.training.script_files import log_path
+from rdurack.workloads.training.job import log_path
 
 MAX_LOG_BYTES = 1 << 20  # of one rank's log in one answer: its tail
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from rdurack.v1 import common_pb2, job_pb2
-from rdurack.workloads.training.script_files import log_path, work_dir
+from rdurack.workloads.training.job import log_path, work_dir
 from tests.support.agents import ServedAgent
 from tests.support.cli import rdu, rdu_json
 from tests.support.control import CANCELLED, FAILED, SUCCEEDED, Control, submit, wait_terminal

@@ -27,10 +27,10 @@ from rdurack.rack.spec import Tier
 from rdurack.v1 import common_pb2, job_pb2, job_pb2_grpc
 from rdurack.wire import training as training_convert
 from rdurack.workloads.training.checkpoint import latest, load
-from rdurack.workloads.training.job import TrainingWorkload, built_in_plan
+from rdurack.workloads.training.job import TrainingWorkload
 from rdurack.workloads.training.loop import train_threaded
 from rdurack.workloads.training.profl import largest_shrunken
-from rdurack.workloads.training.scaling import predict_scaling
+from rdurack.workloads.training.scaling import built_in_plan, predict_scaling
 from tests.support.agents import ServedAgent, start_agents, stop_agents
 from tests.support.control import FAILED, SUCCEEDED, Control, submit, wait_terminal
 

@@ -1,6 +1,7 @@
 """A DDP rank's process group over its socket's links: `LinkBackend` is
-workloads/training/backend.py's Backend, each collective a ring over the socket's
-collective engine (node_agent/collective_engine.py).
+workloads/training/backend.py's Backend (torch's DDP reaches it through the built-in
+loop's process group, workloads/training/group.py), each collective a ring over the
+socket's collective engine (node_agent/collective_engine.py).
 
 Streams: gradient buckets are all-reduced on a communication stream of their own:
 bucket i starts when its gradients are ready during backward (or when the previous
@@ -29,7 +30,7 @@ from rdurack.node_agent.collective_engine import CollectiveEngine, Exchanged
 from rdurack.node_agent.training.spans import GradientWindow
 from rdurack.rack.clock import EmulatedClock
 from rdurack.rack.topology import SocketId
-from rdurack.workloads.training.arrays import Array
+from rdurack.workloads.training.data import Array
 
 
 class Straggler(RdurackError):

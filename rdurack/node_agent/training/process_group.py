@@ -26,7 +26,6 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import timedelta
 from typing import Any
 
 import numpy as np
@@ -39,6 +38,7 @@ from rdurack.node_agent.collective_engine import CollectiveEngine
 from rdurack.node_agent.training.script_checks import Checks
 from rdurack.node_agent.training.script_time import Streams, in_backward
 from rdurack.rack.topology import SocketId
+from rdurack.workloads.training.group import Done
 
 NAME = "rdu"  # init_process_group(backend="rdu"): the rack's links; torch's "nccl" here
 
@@ -79,27 +79,6 @@ class RankLinks:
     wall_timeout_s: float = 60.0
     checks: Checks | None = None  # the article's mistakes, looked for
     stats: CollectiveStats = field(default_factory=CollectiveStats)
-
-
-class Done(Work):
-    """A collective that already ran (in the call that returned it)."""
-
-    def __init__(self, result: list[torch.Tensor]) -> None:
-        super().__init__()
-        self._future: torch.futures.Future[list[torch.Tensor]] = torch.futures.Future()
-        self._future.set_result(result)
-
-    def wait(self, timeout: timedelta | None = None) -> bool:
-        return True
-
-    def is_completed(self) -> bool:
-        return True
-
-    def is_success(self) -> bool:
-        return True
-
-    def get_future(self) -> torch.futures.Future[list[torch.Tensor]]:
-        return self._future
 
 
 def _uncounted(method: Callable[..., Work]) -> Callable[..., Work]:

@@ -30,7 +30,7 @@ from rdurack.node_agent.timeline.hardware_trace import HardwareTrace
 from rdurack.node_agent.training.backend import LinkBackend
 from rdurack.node_agent.training.host import RankHost
 from rdurack.node_agent.training.recorder import RankRecorder
-from rdurack.node_agent.training.timed import TimedModel, backward, forward
+from rdurack.node_agent.training.timed import StepTiming, backward, forward
 from rdurack.rack.clock import seconds_to_ns
 from rdurack.rack.memory import TieredMemory
 from rdurack.rack.models import ModelSpec
@@ -40,8 +40,6 @@ from rdurack.workloads.training.job import (
     SCRIPT_PROGRESS_S,
     RankReport,
     TrainingWorkload,
-    model_cost,
-    step_cost,
 )
 from rdurack.workloads.training.memory import MemoryAccount
 from rdurack.workloads.training.rank import (
@@ -51,13 +49,14 @@ from rdurack.workloads.training.rank import (
     StageEvent,
     StepInfo,
 )
+from rdurack.workloads.training.scaling import model_cost, step_cost
 
 if TYPE_CHECKING:  # torch: the runner imports it where a built-in model, a script or a
     # client's function runs
     from rdurack.node_agent.training.script import ScriptRank
     from rdurack.node_agent.training.script_memory import TensorMemory
     from rdurack.node_agent.training.script_thread import ScriptThread
-    from rdurack.workloads.training.models import Model
+    from rdurack.workloads.training.models import Trainable
 
 
 JOB_ENDED = "its job ended"  # why a script still running when its job ends stops
@@ -198,7 +197,7 @@ class RankRunner:
                 self.rank,
                 self.socket.name,
                 self.checkpoint_dir,
-                wrap=self._timed,
+                timing=self._timed,
                 memory=self.account,
                 on_stage=self._on_stage,
                 on_checkpoint=self._on_checkpoint,
@@ -206,10 +205,10 @@ class RankRunner:
             return self._functional(ctx)
         return self._timing()
 
-    def _timed(self, model: Model) -> Model:
-        """`model` (a stage's) with passes that take the timing model's time."""
+    def _timed(self, model: Trainable) -> StepTiming:
+        """The passes of `model` (a stage's) on the socket's clock."""
         cost = model_cost(model, self.w, self.platform, self.cost.memory)
-        return TimedModel(model, self.backend, cost, self.socket)
+        return StepTiming(self.backend, cost, self.socket)
 
     def _on_stage(self, event: StageEvent) -> None:
         """A stage began (its weights' moves between tiers take their copy time) or

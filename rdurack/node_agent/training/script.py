@@ -11,7 +11,7 @@ What the rank gets, as from torchrun:
   engine (bookkeeping the hardware does not do: no emulated time);
 - the job's working folder as its current directory, shared by all ranks (a checkpoint
   rank 0 saves by a relative path is there for the others), and its stdout and stderr
-  in its log (workloads/training/script_files.py).
+  in its log (workloads/training/job.py).
 
 Process-wide state (cwd, environment, argv, `__main__`, stdout) is the rank's for the
 call: a socket actor runs one call at a time. It is restored afterwards, and a process
@@ -49,8 +49,7 @@ from rdurack.rack.clock import EmulatedClock
 from rdurack.rack.spec import PlatformSpec
 from rdurack.rack.timing import Timer
 from rdurack.rack.topology import SocketId
-from rdurack.workloads.training.job import TrainingWorkload
-from rdurack.workloads.training.script_files import log_path, work_dir
+from rdurack.workloads.training.job import TrainingWorkload, log_path, work_dir
 
 ADDRESS_BYTES = 256  # room for "host:port" in the rendezvous broadcast
 TRACEBACK_LINES = 12  # of a failed rank's traceback, in the job's error (all: its log)

@@ -42,7 +42,7 @@ from rdurack.errors import RdurackError
 from rdurack.node_agent.collective_engine import CollectiveEngine
 from rdurack.rack.clock import EmulatedClock
 from rdurack.rack.topology import SocketId
-from rdurack.workloads.training.diagnostics import (
+from rdurack.workloads.training.rank import (
     DUPLICATE_SAMPLES,
     REPLICAS_DIFFER,
     STRAGGLER_TIMEOUT,

@@ -1,60 +1,36 @@
 """A DDP rank's compute on its socket's emulated clock: each forward and backward takes
-the time the timing model prices its step at (workloads/training/job.py, `StepCost`),
+the time the timing model prices its step at (workloads/training/scaling.py, `StepCost`),
 times the socket's slowdown (a fault).
 
 `forward` starts after the communication stream (the previous step's all-reduce);
 `backward` marks when each gradient bucket is ready, in proportion to its bytes
 (scaling.py, `split_by_bytes`), for the communication stream to start it then, and ends
-with the process group's lateness check. `TimedModel` wraps a built-in model so that its
-passes do both; a preset model's timing-only loop calls them directly.
+with the process group's lateness check. `StepTiming` calls them for a built-in model's
+stage, before its passes run (the gradient buckets torch's DDP all-reduces in backward
+take the ready times); a preset model's timing-only loop calls them directly.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from rdurack.node_agent.training.backend import LinkBackend
 from rdurack.node_agent.training.host import RankHost
 from rdurack.rack.clock import seconds_to_ns
-from rdurack.workloads.training.arrays import Array, Params
-from rdurack.workloads.training.job import StepCost
-from rdurack.workloads.training.scaling import split_by_bytes
-
-if TYPE_CHECKING:
-    from rdurack.workloads.training.models import Model
+from rdurack.workloads.training.scaling import StepCost, split_by_bytes
 
 
-class TimedModel:
-    """A built-in model whose passes advance the socket's emulated clock by the timing
-    model, and whose backward marks when each gradient bucket is ready."""
+class StepTiming:
+    """A built-in model's passes (one stage's, priced as `cost`) on the socket's clock."""
 
-    def __init__(self, model: Model, backend: LinkBackend, cost: StepCost, socket: RankHost):
-        self.model = model
+    def __init__(self, backend: LinkBackend, cost: StepCost, socket: RankHost) -> None:
         self.backend = backend
         self.cost = cost
         self.socket = socket
-        # The model's own dicts: optimizers and DDP update them in place.
-        self.params: Params = model.params
-        self.grads: Params = model.grads
-        self.dtype = model.dtype
 
-    @property
-    def frozen(self) -> Params:
-        return self.model.frozen
-
-    def forward(self, x: Array, y: Array) -> float:
+    def forward(self) -> None:
         forward(self.backend, self.cost, self.socket)
-        return self.model.forward(x, y)
 
     def backward(self) -> None:
-        self.model.backward()
         backward(self.backend, self.cost, self.socket)
-
-    def logits(self, x: Array) -> Array:
-        return self.model.logits(x)
-
-    def saved_bytes(self) -> int:
-        return self.model.saved_bytes()
 
 
 def forward(backend: LinkBackend, cost: StepCost, socket: RankHost) -> None:

@@ -26,16 +26,15 @@ from rdurack.orchestrator.results import (
 )
 from rdurack.rack.spec import PlatformSpec
 from rdurack.telemetry import names
-from rdurack.workloads.training.diagnostics import EVERY_RANK_CHECKPOINTS
 from rdurack.workloads.training.job import (
     BUILT_IN_MODELS,
     RankReport,
     TrainingWorkload,
-    check_fits,
     ranks_of,
-    step_cost,
 )
 from rdurack.workloads.training.progressive import Stage
+from rdurack.workloads.training.rank import EVERY_RANK_CHECKPOINTS
+from rdurack.workloads.training.scaling import check_fits, step_cost
 
 FIELD = "spec.training"
 

@@ -28,7 +28,7 @@ from typing import Any, Literal, Protocol, TypeVar
 import numpy as np
 
 from rdurack.errors import InvalidRequest, LinkFailure, RdurackError
-from rdurack.workloads.training.arrays import Array
+from rdurack.workloads.training.data import Array
 
 ReduceOpName = Literal["sum", "mean"]
 T = TypeVar("T")

@@ -31,7 +31,7 @@ import torch
 
 from rdurack.errors import InvalidRequest
 from rdurack.rack.topology import SocketId
-from rdurack.workloads.training.arrays import Params
+from rdurack.workloads.training.data import Params
 
 FORMAT = "rdurack-ddp-checkpoint/2"
 _NAME = re.compile(r"^ckpt-(\d+)\.pt$")

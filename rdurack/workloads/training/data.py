@@ -1,4 +1,9 @@
-"""Datasets for functional training: scikit-learn's digits and synthetic Gaussian blobs.
+"""Datasets for functional training: scikit-learn's digits and synthetic Gaussian blobs;
+the array types training works on.
+
+Arrays stay in the model's dtype: numpy 2 promotes a float32 array multiplied by a numpy
+float64 *scalar* to float64 (Python floats are "weak" and keep float32), so scalars
+enter arithmetic as Python floats, and arrays are cast on the way in.
 
 A `Dataset` is (x, y): x float32 (samples, features), y int64 class labels. Both
 loaders return a `Split` (train, test) that depends only on the seed, so every rank of
@@ -7,15 +12,24 @@ a job, and every run with the same seed, sees the same split.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
+from numpy.typing import NDArray
 
 from rdurack.errors import InvalidRequest
 
-if TYPE_CHECKING:
-    from rdurack.workloads.training.rank import TrainSpec
-from rdurack.workloads.training.arrays import TRAIN_DTYPE, Array
+Array = NDArray[Any]
+# Parameters, gradients and optimizer buffers: name -> array, in definition order
+# (the order torch's Module.parameters() yields; DDP buckets go in reverse of it).
+Params = dict[str, Array]
+
+TRAIN_DTYPE = np.float32  # what the models train in; float64 is for gradient checks
+
+
+def copy_params(params: Params) -> Params:
+    """A deep copy, so a snapshot does not change when training updates in place."""
+    return {name: value.copy() for name, value in params.items()}
 
 
 class Dataset(NamedTuple):
@@ -88,7 +102,26 @@ DIGITS_CLASSES = 10
 DIGITS_FEATURES = 64  # 8×8 pixels
 
 
-def load_data(spec: TrainSpec) -> tuple[Split, int]:
+class DataSpec(Protocol):
+    """Which dataset a job trains on (a rank.TrainSpec is one)."""
+
+    @property
+    def dataset(self) -> str: ...
+
+    @property
+    def seed(self) -> int: ...
+
+    @property
+    def synthetic_samples(self) -> int: ...
+
+    @property
+    def synthetic_features(self) -> int: ...
+
+    @property
+    def synthetic_classes(self) -> int: ...
+
+
+def load_data(spec: DataSpec) -> tuple[Split, int]:
     """The spec's train/test split and its number of classes."""
     if spec.dataset == "digits":
         return digits(seed=spec.seed), DIGITS_CLASSES
@@ -98,7 +131,7 @@ def load_data(spec: TrainSpec) -> tuple[Split, int]:
     return data, spec.synthetic_classes
 
 
-def data_shape(spec: TrainSpec) -> tuple[int, int]:
+def data_shape(spec: DataSpec) -> tuple[int, int]:
     """(features, classes) of the spec's dataset, without loading it."""
     if spec.dataset == "digits":
         return DIGITS_FEATURES, DIGITS_CLASSES

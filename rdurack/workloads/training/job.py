@@ -1,5 +1,5 @@
-"""A data-parallel training job on the rack: its spec, each rank's memory and the cost
-of one step (scaling.py predicts how DDP scales from them).
+"""A data-parallel training job on the rack: its spec, what each rank reports, and a
+script job's files (what a step costs and how DDP scales: scaling.py).
 
 Two kinds of model:
 - "mlp" and "transformer" are small real torch models (FUNCTIONAL jobs): they train on
@@ -7,53 +7,37 @@ Two kinds of model:
 - a model preset (e.g. "llama3.2-1b") is timed only (TIMING jobs): the same loop of
   forward, backward and bucketed gradient all-reduces, with sized descriptors.
 
-Step time (both kinds): forward, then backward, whose gradient buckets are all-reduced
-on one communication stream as they become ready (scaling.py); the step ends when both
-are done. Backward is 2/3 of a training step's compute, forward 1/3 (the usual 2:1 of
-backward to forward FLOPs; assumption for the split of the fused train step the timing
-model prices as a whole).
-
-Memory per rank (bytes, in HBM):
-- presets, mixed precision as the timing model's BF16 weights: weights and gradients
-  at `bytes_per_param`, an FP32 master copy (4 bytes/param), optimizer state of FP32
-  (SGD with momentum: 4 bytes/param; Adam: 8); activations kept for backward per layer
-  `s·b·h·(34 + 5·a·s/h)` bytes (Korthikanti et al., "Reducing Activation Recomputation
-  in Large Transformer Models", MLSys 2023, Sec. 4.1, no recomputation);
-- built-in models: what the loop's memory account will hold, per stage of the strategy,
-  measured on the model's own arrays before the job runs (memory_plan.py): parameters,
-  gradients, the optimizer's state, what forward keeps for backward, the progressive
-  freezing metric's sample. The rank's memory is the stage with the highest HBM.
-
 `hbm_cap_bytes` (> 0) caps a job's HBM per socket below the socket's capacity, for
 either strategy: a job whose planned peak does not fit under it is refused.
+
+A script job's files: its source, checked before it is stored, and where its ranks
+keep their files under the job's directory (the orchestrator's checkpoint directory for
+the job, on a filesystem every node agent sees): one working folder all ranks share, as
+torchrun's ranks on one node share theirs, and one log per rank (its stdout and stderr
+as they interleaved).
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from math import ceil
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
 from rdurack.config import Config
-from rdurack.errors import OutOfMemory, UnknownName
-from rdurack.rack.kernels import FusionPlan, Phase
-from rdurack.rack.models import ModelSpec
-from rdurack.rack.spec import PlatformSpec, Tier
+from rdurack.rack.kernels import FusionPlan
+from rdurack.rack.spec import PlatformSpec
 from rdurack.rack.topology import SocketId
-from rdurack.workloads.predictor import Predictor
-from rdurack.workloads.training.arrays import Params
-from rdurack.workloads.training.ddp import DEFAULT_BUCKET_CAP_BYTES, assign_buckets
-from rdurack.workloads.training.distributed import DEFAULT_TIMEOUT_S
-from rdurack.workloads.training.movement import DEFAULT_THRESHOLD, DEFAULT_WINDOW_STEPS
-from rdurack.workloads.training.progressive import Strategy
-from rdurack.workloads.training.rank import TrainSpec
-from rdurack.workloads.training.script_files import check_script
+from rdurack.workloads.training.progressive import (
+    DEFAULT_THRESHOLD,
+    DEFAULT_WINDOW_STEPS,
+    Strategy,
+)
+from rdurack.workloads.training.rank import DEFAULT_BUCKET_CAP_BYTES, DEFAULT_TIMEOUT_S, TrainSpec
 
 if TYPE_CHECKING:  # torch: imported where a built-in model is built, not with the spec
-    from rdurack.workloads.training.memory_plan import MemoryPlan
-    from rdurack.workloads.training.models import Model
+    pass
 
 BUILT_IN_MODELS = ("mlp", "transformer")
 # Wall seconds a call waits for a script's steps before it reports its progress, and
@@ -61,9 +45,6 @@ BUILT_IN_MODELS = ("mlp", "transformer")
 SCRIPT_PROGRESS_S = 2.0
 SCRIPT_STOP_S = 10.0
 MAX_LOOP_BYTES = 1 << 20  # a pickled training function, within gRPC's 4 MB messages
-FP32 = 4  # bytes: master weights and optimizer state
-ACTIVATION_BYTES_PER_TOKEN_HIDDEN = 34  # Korthikanti et al. 2023, Sec. 4.1 (BF16)
-ATTENTION_FACTOR = 5  # ... plus 5·a·s/h for the attention scores
 
 
 class TrainingWorkload(Config):
@@ -98,7 +79,7 @@ class TrainingWorkload(Config):
     strategy: Strategy = "full"
     blocks: int = Field(default=1, ge=1, le=64)  # the MLP's hidden layers (its blocks)
     # Progressive: a block freezes at the end of the first window of `freeze_window`
-    # steps whose effective movement is below `freeze_threshold` (movement.py).
+    # steps whose effective movement is below `freeze_threshold` (progressive.py).
     freeze_window: int = Field(default=DEFAULT_WINDOW_STEPS, ge=2, le=10_000)
     freeze_threshold: float = Field(default=DEFAULT_THRESHOLD, gt=0, lt=1)
     # The job's HBM per socket, bytes; 0: the socket's capacity.
@@ -223,38 +204,6 @@ class TrainingWorkload(Config):
         )
 
 
-@dataclass(frozen=True)
-class RankMemory:
-    """HBM one rank holds, bytes."""
-
-    weights: int
-    gradients: int
-    optimizer: int
-    activations: int
-    movement: int = 0  # progressive: the freezing metric's sample
-
-    @property
-    def total(self) -> int:
-        return self.weights + self.gradients + self.optimizer + self.activations + self.movement
-
-    def to_dict(self) -> dict[str, int]:
-        return {**asdict(self), "total": self.total}
-
-
-@dataclass(frozen=True)
-class StepCost:
-    """One rank's compute of one step, and its gradient buckets (all-reduce order)."""
-
-    forward_s: float
-    backward_s: float
-    bucket_bytes: tuple[int, ...]
-    memory: RankMemory
-
-    @property
-    def compute_s(self) -> float:
-        return self.forward_s + self.backward_s
-
-
 @dataclass
 class RankReport:
     """Where one rank is after a segment, and (once finished) its outcome."""
@@ -279,127 +228,35 @@ class RankReport:
     stage: str = ""  # the stage the last step belonged to
 
 
-def step_cost(
-    w: TrainingWorkload, platform: PlatformSpec, models: dict[str, ModelSpec]
-) -> StepCost:
-    """What one step costs a rank on `platform` (one socket per rank, TP1)."""
-    if w.functional:
-        return _built_in_cost(w, platform)
-    if w.model not in models:
-        raise UnknownName("model", w.model, [*BUILT_IN_MODELS, *sorted(models)])
-    m = models[w.model]
-    p = Predictor(platform)
-    compute = p.step(m, Phase.TRAIN, w.plan(platform), w.local_batch, w.sequence_length, 1)
-    compute_s = compute.total_s
-    grad_bytes = m.bytes_per_param
-    layers = [(f"layers.{i}", m.layer_params, grad_bytes) for i in range(m.layers)]
-    buckets = assign_buckets(
-        [("embeddings", m.embedding_params, grad_bytes), *layers], w.bucket_cap_bytes
-    )
-    state = _state_per_param(w)
-    s, b, h, a = w.sequence_length, w.local_batch, m.hidden, m.heads
-    per_layer = s * b * h * (ACTIVATION_BYTES_PER_TOKEN_HIDDEN + ATTENTION_FACTOR * a * s / h)
-    memory = RankMemory(
-        weights=m.params * (m.bytes_per_param + FP32),  # BF16 weights + FP32 master
-        gradients=m.params * m.bytes_per_param,
-        optimizer=m.params * state,
-        activations=ceil(m.layers * per_layer),
-    )
-    return StepCost(compute_s / 3, 2 * compute_s / 3, tuple(x.nbytes for x in buckets), memory)
-
-
-def _built_in_cost(w: TrainingWorkload, platform: PlatformSpec) -> StepCost:
-    from rdurack.workloads.training.data import data_shape
-    from rdurack.workloads.training.memory_plan import plan_memory
-    from rdurack.workloads.training.strategy import Trainee
-
-    spec = w.train_spec()
-    plan = plan_memory(spec, platform.socket)
-    features, classes = data_shape(spec)
-    model = Trainee("full", spec.model, features, classes, w.seed, w.hidden, w.blocks).model
-    return model_cost(model, w, platform, RankMemory(**plan.peak_stage(Tier.HBM).hbm_parts()))
-
-
-def built_in_plan(w: TrainingWorkload, platform: PlatformSpec) -> MemoryPlan:
-    """A built-in model's memory, stage by stage (memory_plan.py)."""
-    from rdurack.workloads.training.memory_plan import plan_memory
-
-    return plan_memory(w.train_spec(), platform.socket)
-
-
-def model_cost(
-    model: Model, w: TrainingWorkload, platform: PlatformSpec, memory: RankMemory
-) -> StepCost:
-    """One step of a built-in model: forward over every parameter it uses (frozen ones
-    too), backward over those it trains, its gradient buckets."""
-    trained, frozen = model.params, model.frozen
-    tokens = 8 if w.model == "transformer" else 1  # the transformer reads 8 tokens
-    flops = 2.0 * (_count(trained) + _count(frozen)) * w.local_batch * tokens  # forward
-    trained_flops = 2.0 * _count(trained) * w.local_batch * tokens
-    kernels = platform.socket.kernels
-    eff_flops = platform.socket.peak_flops_per_s * kernels.compute_efficiency
-    eff_bw = platform.socket.hbm.bandwidth_bytes_per_s * kernels.memory_efficiency
-    launch = (kernels.launch_ho_ns or kernels.launch_so_ns) * 1e-9
-    nbytes = _bytes(trained) + _bytes(frozen)
-    forward = launch + max(flops / eff_flops, nbytes / eff_bw)
-    # Backward: twice the forward of what trains (the usual 2:1), nothing for frozen blocks.
-    backward = launch + max(2 * trained_flops / eff_flops, 2 * _bytes(trained) / eff_bw)
-    buckets = assign_buckets(
-        [(n, p.size, p.itemsize) for n, p in trained.items()], w.bucket_cap_bytes
-    )
-    return StepCost(forward, backward, tuple(b.nbytes for b in buckets), memory)
-
-
-def _count(params: Params) -> int:
-    return sum(p.size for p in params.values())
-
-
-def _bytes(params: Params) -> int:
-    return sum(p.nbytes for p in params.values())
-
-
-def _state_per_param(w: TrainingWorkload) -> int:
-    """FP32 optimizer state per parameter: SGD's momentum buffer, Adam's two moments."""
-    if w.optimizer == "adam":
-        return 2 * FP32
-    return FP32 if w.momentum else 0
-
-
-def hbm_limit(w: TrainingWorkload, platform: PlatformSpec) -> int:
-    """HBM a rank of `w` may use on a socket: the cap, or the socket's capacity."""
-    capacity = platform.socket.hbm.capacity_bytes
-    return min(w.hbm_cap_bytes, capacity) if w.hbm_cap_bytes else capacity
-
-
-def check_fits(w: TrainingWorkload, platform: PlatformSpec, cost: StepCost) -> None:
-    """Refuse, before the first step, a rank whose memory does not fit a socket's HBM
-    (or the job's HBM cap)."""
-    limit = hbm_limit(w, platform)
-    if cost.memory.total > limit:
-        parts = ", ".join(
-            f"{k} {_size(v)}" for k, v in cost.memory.to_dict().items() if v and k != "total"
-        )
-        capped = limit < platform.socket.hbm.capacity_bytes
-        cap = f" under hbm_cap_bytes {w.hbm_cap_bytes:,}" if capped else ""
-        raise OutOfMemory(
-            f"{platform.name} socket (each of {w.world_size} ranks)",
-            "hbm",
-            cost.memory.total,
-            limit,
-            what=f"{w.model} training ({w.strategy}){cap}, batch {w.local_batch} per rank "
-            f"({parts})",
-        )
-
-
-def _size(nbytes: int) -> str:
-    """Bytes in decimal units, three figures: 91.2 GB, 64.2 kB."""
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if nbytes >= scale:
-            return f"{nbytes / scale:.3g} {unit}"
-    return f"{nbytes} B"
-
-
 def ranks_of(sockets: list[str]) -> list[str]:
     """The job's sockets in rank order: rack by rack, node by node, socket index within a
     node."""
     return sorted(sockets, key=SocketId.parse)
+
+
+WORK = "work"  # the ranks' shared working folder (their cwd)
+LOGS = "logs"
+
+
+def work_dir(job_dir: Path) -> Path:
+    return job_dir / WORK
+
+
+def log_path(job_dir: Path, rank: int) -> Path:
+    """Rank `rank`'s stdout and stderr."""
+    return job_dir / LOGS / f"rank-{rank}.log"
+
+
+def check_script(source: bytes, name: str) -> None:
+    """Refuse a script that could never run: a bad file name, text that is not UTF-8,
+    a syntax error (with its line)."""
+    if not name.endswith(".py") or "/" in name or "\\" in name or name.startswith("."):
+        raise ValueError(f"script_name {name!r}: a plain file name ending in .py, e.g. train.py")
+    try:
+        text = source.decode()
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{name}: not UTF-8 text (byte {e.start})") from None
+    try:
+        compile(text, name, "exec")
+    except SyntaxError as e:
+        raise ValueError(f"{name}, line {e.lineno}: {e.msg}") from None

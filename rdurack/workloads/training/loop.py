@@ -1,13 +1,12 @@
 """The reference training loop: what a torch DDP script does, rank by rank.
 
-`train(ctx, spec)` runs on every rank of a job. In order, as a user writes it:
-init_process_group; build the data and the model (each process initialises its own
-replica); optionally resume from the newest checkpoint with map_location set to the
-rank's own socket; wrap the model in DistributedDataParallel; per epoch,
-DistributedSampler.set_epoch and batches of global_batch / world_size samples;
-forward, backward (gradients averaged over ranks), optimizer step; a checkpoint by
-rank 0 every `checkpoint_every` steps; test accuracy on rank 0 at the end;
-destroy_process_group.
+`train(ctx, spec)` runs on every rank of a job. In order, as a user writes it: build
+the data and the model (each process initialises its own replica); optionally resume
+from the newest checkpoint with map_location set to the rank's own socket; wrap the
+model in torch's DistributedDataParallel; per epoch, DistributedSampler.set_epoch and
+batches of global_batch / world_size samples; forward, backward (gradients averaged
+over ranks), optimizer step; a checkpoint by rank 0 every `checkpoint_every` steps;
+test accuracy on rank 0 at the end.
 
 Two of the article's mistakes can be switched on to see them diagnosed:
 `broadcast_parameters=False` (replicas start from their own random parameters and never
@@ -16,25 +15,26 @@ whole dataset in the same order, so the ranks process the same samples).
 
 The strategy (progressive.py) sets the stages: `full` trains the whole model in one
 stage; `progressive` (ProFL) trains an MLP block by block, shrinking then growing, each
-block until its effective movement (movement.py) says it has converged or its stage's
+block until its effective movement (progressive.py) says it has converged or its stage's
 step budget (`steps` / `epochs`, per stage) is spent. Data order runs on across stages
 (the sampler's epochs continue). A `MemoryAccount` in the context mirrors what the rank
 holds, stage by stage, on its socket's tiers (memory.py).
 
-`train_threaded(spec)` runs every rank on a thread of a `ThreadGroup`; the cluster runs
-`train` in each socket actor over its gRPC links instead.
+Gradients are averaged by torch's own `DistributedDataParallel`, given a process group
+over the rank's `Backend` (group.py): the socket's gRPC links on the rack, one rank per
+socket actor; `train_threaded(spec)` runs every rank on a thread of a `ThreadGroup`.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Generator
-from datetime import timedelta
 from pathlib import Path
 from typing import cast
 
 import numpy as np
 import torch
+from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import Dataset, DistributedSampler
 
 from rdurack.errors import InvalidRequest
@@ -42,7 +42,6 @@ from rdurack.rack.memory import TieredMemory
 from rdurack.rack.presets import platform as preset
 from rdurack.rack.spec import PlatformSpec, Tier
 from rdurack.rack.topology import SocketId
-from rdurack.workloads.training.arrays import Array, Params, copy_params
 from rdurack.workloads.training.backend import Backend, ThreadGroup
 from rdurack.workloads.training.checkpoint import (
     TrainingState,
@@ -51,45 +50,31 @@ from rdurack.workloads.training.checkpoint import (
     save,
     state_bytes,
 )
+from rdurack.workloads.training.checks import check_replicas, check_same_start, duplicate_samples
+from rdurack.workloads.training.data import Array, Params, copy_params, load_data
 from rdurack.workloads.training.data import Dataset as Samples
-from rdurack.workloads.training.data import load_data
-from rdurack.workloads.training.ddp import (
-    DistributedDataParallel,
-    broadcast_parameters,
-)
-from rdurack.workloads.training.diagnostics import DUPLICATE_SAMPLES, Diagnostic
-from rdurack.workloads.training.distributed import (
-    Distributed,
-)
+from rdurack.workloads.training.group import BackendGroup, barrier, broadcast
 from rdurack.workloads.training.memory import MemoryAccount
-from rdurack.workloads.training.models import Model, Trainable, optimizer_bytes
-from rdurack.workloads.training.movement import (
-    EffectiveMovement,
-)
-from rdurack.workloads.training.progressive import StageReport
+from rdurack.workloads.training.models import Trainable, optimizer_bytes
+from rdurack.workloads.training.progressive import EffectiveMovement, StageReport
 from rdurack.workloads.training.rank import (
+    DUPLICATE_SAMPLES,
     CheckpointEvent,
+    Diagnostic,
     RankContext,
     RankResult,
     StageEvent,
     StepInfo,
     TrainSpec,
 )
-from rdurack.workloads.training.strategy import Trainee
+from rdurack.workloads.training.scaling import assign_buckets
+from rdurack.workloads.training.strategy import Trainee, make_optimizer
 
 SOCKETS_PER_NODE = 8  # SN40L node: rank r runs on socket r % 8 of node r // 8
+MIB = 1024 * 1024
 
 
-def make_optimizer(spec: TrainSpec, model: Trainable) -> torch.optim.Optimizer:
-    """torch.optim's SGD or Adam over what `model` trains."""
-    if spec.optimizer == "sgd":
-        return torch.optim.SGD(
-            model.trained, lr=spec.lr, momentum=spec.momentum, weight_decay=spec.weight_decay
-        )
-    return torch.optim.Adam(model.trained, lr=spec.lr, weight_decay=spec.weight_decay)
-
-
-def accuracy(model: Model, data: Samples) -> float:
+def accuracy(model: Trainable, data: Samples) -> float:
     """Share of `data` whose highest logit is the label."""
     predicted = model.logits(data.x).argmax(axis=1)
     return float(np.mean(predicted == data.y))
@@ -109,23 +94,16 @@ def train(ctx: RankContext, spec: TrainSpec) -> RankResult:
 def train_steps(ctx: RankContext, spec: TrainSpec) -> Generator[StepInfo, None, RankResult]:
     """`train`, one optimizer step at a time: yields after each step, returns the
     result. A caller can run a job in segments (progress between them)."""
-    dist = Distributed(ctx.transport)
-    dist.init_process_group(
-        "rdulink",
-        world_size=spec.world_size,
-        rank=ctx.rank,
-        timeout=timedelta(seconds=spec.timeout_s),
-    )
-    try:
-        return (yield from _train(dist, ctx, spec))
-    finally:
-        dist.destroy_process_group()
-
-
-def _train(
-    dist: Distributed, ctx: RankContext, spec: TrainSpec
-) -> Generator[StepInfo, None, RankResult]:
-    rank, world = dist.get_rank(), dist.get_world_size()
+    transport = ctx.transport
+    if (spec.world_size, ctx.rank) != (transport.world_size, transport.rank):
+        raise InvalidRequest(
+            f"rank {ctx.rank} of world_size {spec.world_size}, but the process group holds "
+            f"rank {transport.rank} of {transport.world_size}: every rank must be given "
+            "its own rank and the group's real size"
+        )
+    transport.set_timeout(spec.timeout_s)
+    group = BackendGroup(transport)
+    rank, world = group.rank(), group.size()
     (train_set, test_set), classes = load_data(spec)
     # Each process initialises its own replica, seeded by rank as independent processes
     # effectively are: only DDP's broadcast from rank 0 makes them agree.
@@ -154,13 +132,13 @@ def _train(
             if ctx.on_checkpoint is not None:
                 ctx.on_checkpoint(CheckpointEvent("load", step, str(path), state_bytes(resumed)))
     start_step = step
-    _check_same_start(dist, step)
+    check_same_start(group, step)
     if spec.strategy != "full" and spec.broadcast_parameters:
         # Every block and output module, once: a stage's DDP sees only what it trains.
-        broadcast_parameters(dist, trainee.params)
+        _broadcast_all(group, trainee.params)
 
     n = len(train_set.y)
-    batches = _Batches(dist, spec, n, step)
+    batches = _Batches(group, spec, n, step)
     budget = batches.budget  # steps per stage
     total = budget * len(trainee.stages)
     account = ctx.memory
@@ -189,13 +167,17 @@ def _train(
             account.hold("optimizer", Tier.HBM, optimizer_bytes(optimizer))  # a resumed one
         if ctx.on_stage is not None:
             ctx.on_stage(StageEvent(stage, step, copy_s))
+        timing = ctx.timing(model) if ctx.timing is not None else None
+        # torch's DDP: rank 0's parameters broadcast at construction (progressive: every
+        # parameter was, above), then each backward's gradients averaged bucket by bucket.
         ddp = DistributedDataParallel(
-            ctx.wrap(model) if ctx.wrap is not None else model,
-            dist,
-            bucket_cap_bytes=spec.bucket_cap_bytes,
-            # Progressive: every parameter was broadcast above.
-            broadcast_parameters=spec.broadcast_parameters and stage.block is None,
-            check_every=spec.check_every,
+            model.net,
+            process_group=group,
+            bucket_cap_mb=spec.bucket_cap_bytes / MIB,
+            init_sync=spec.broadcast_parameters and stage.block is None,
+        )
+        found = check_replicas(
+            group, model.params, step, at_start=True, broadcast=spec.broadcast_parameters
         )
         began = step
         # Full training counts its budget from step 0 (a resumed run finishes it); a
@@ -203,16 +185,23 @@ def _train(
         end = budget if stage.block is None else began + budget
         converged = False
         while step < end and not converged:
+            if spec.check_every and step > began and (step - began) % spec.check_every == 0:
+                later = check_replicas(group, model.params, step, at_start=False, broadcast=True)
+                found = found or later
             idx = batches.next()
             x, y = train_set.x[idx], train_set.y[idx]
             if spec.input_noise:
                 noise = rng.standard_normal((spec.global_batch, x.shape[1]), dtype=np.float32)
                 # Rank r's row k is row r + k * world of the global batch.
                 x = x + noise[rank::world] * float(spec.input_noise)
-            losses.append(ddp.forward(x, y))
+            if timing is not None:
+                timing.forward()
+            losses.append(model.forward(x, y, ddp))
             if account is not None:
                 account.hold("activations", Tier.HBM, model.saved_bytes())
-            ddp.backward()
+            if timing is not None:
+                timing.backward()  # before autograd: it says when each bucket is ready
+            model.backward()  # DDP all-reduces the buckets as their gradients are ready
             if account is not None:
                 account.release("activations")  # backward is done with them
             optimizer.step()
@@ -222,10 +211,10 @@ def _train(
             step += 1
             window = movement.update() if movement is not None else None
             if movement is not None and window is not None:  # a window ended, on every rank
-                converged = _agree(dist, movement.converged(window))
+                converged = _agree(group, movement.converged(window))
             yield StepInfo(step, total, losses[-1], stage.name)
             if spec.checkpoint_every and step % spec.checkpoint_every == 0:
-                if ctx.checkpoint_dir is not None and dist.get_rank() == 0:
+                if ctx.checkpoint_dir is not None and rank == 0:
                     state = TrainingState(
                         params=trainee.model.params,
                         optimizer=optimizer.state_dict(),
@@ -242,7 +231,8 @@ def _train(
                             ctx.on_checkpoint(
                                 CheckpointEvent("save", step, str(path), state_bytes(state))
                             )
-                dist.barrier()  # as torch's tutorial: nobody reads a half-written file
+                barrier(group)  # as torch's tutorial: nobody reads a half-written file
+        del ddp  # its reducer's hooks go with it: the next stage's DDP takes over
         report = StageReport(
             phase=stage.phase,
             block=stage.block,
@@ -257,11 +247,12 @@ def _train(
         reports.append(report)
         if ctx.on_stage is not None:
             ctx.on_stage(StageEvent(stage, step, report=report))
-        diagnostics += [d for d in ddp.diagnostics if d not in diagnostics]
-        bucket_bytes = ddp.bucket_bytes
+        if found is not None and not any(d.code == found.code for d in diagnostics):
+            diagnostics.append(found)
+        bucket_bytes = _bucket_bytes(model, spec)
     diagnostics = diagnostics + batches.diagnostics
     test_acc = accuracy(trainee.model, test_set) if rank == 0 else None
-    dist.barrier()
+    barrier(group)
     return RankResult(
         rank=rank,
         device=ctx.device,
@@ -281,12 +272,30 @@ def _train(
     )
 
 
-def _agree(dist: Distributed, mine: bool) -> bool:
+def _agree(group: BackendGroup, mine: bool) -> bool:
     """Rank 0's decision, on every rank (one tiny broadcast): replicas that drifted
     apart (no initial broadcast) must still end a stage at the same step."""
-    flag = np.array([1.0 if mine else 0.0], dtype=np.float32)
-    dist.broadcast(flag, src=0)
+    flag = torch.tensor([1.0 if mine else 0.0])
+    broadcast(group, flag, src=0)
     return bool(flag[0])
+
+
+def _broadcast_all(group: BackendGroup, params: Params) -> None:
+    """Rank 0's `params` to every rank, in place, as one flat buffer (torch's
+    `_sync_module_states` coalesces the same way, up to 250 MiB a buffer)."""
+    flat = torch.from_numpy(np.concatenate([p.ravel() for p in params.values()]))
+    broadcast(group, flat, src=0)
+    offset = 0
+    for p in params.values():
+        p[...] = flat[offset : offset + p.size].numpy().reshape(p.shape)
+        offset += p.size
+
+
+def _bucket_bytes(model: Trainable, spec: TrainSpec) -> list[int]:
+    """Bytes per DDP bucket, all-reduce order: torch's steady-state layout of what
+    `model` trains (job.assign_buckets), as the timing model prices it."""
+    sizes = [(name, p.size, p.itemsize) for name, p in model.params.items()]
+    return [b.nbytes for b in assign_buckets(sizes, spec.bucket_cap_bytes)]
 
 
 class _Batches:
@@ -294,9 +303,9 @@ class _Batches:
     DistributedSampler's shard (or, with `sampler: none`, the whole dataset), drop_last.
     At each epoch's start the ranks compare their indices (duplicate samples)."""
 
-    def __init__(self, dist: Distributed, spec: TrainSpec, n: int, step: int) -> None:
-        self.dist, self.spec, self.n = dist, spec, n
-        world, rank = dist.get_world_size(), dist.get_rank()
+    def __init__(self, group: BackendGroup, spec: TrainSpec, n: int, step: int) -> None:
+        self.group, self.spec, self.n = group, spec, n
+        world, rank = group.size(), group.rank()
         # torch's sampler only needs the dataset's length: the indices are what it gives.
         indices = cast("Dataset[int]", range(n))
         self.sampler: DistributedSampler[int] | None = (
@@ -342,24 +351,12 @@ class _Batches:
             # everything: every rank walks the same samples in the same order.
             order = np.random.default_rng(spec.seed + self.epoch).permutation(self.n)
         order = order[: self.per_epoch * spec.local_batch]  # drop_last: equal-sized batches
-        found = _duplicates(self.dist, order, self.n, self.epoch, self.epoch * self.per_epoch)
+        step = self.epoch * self.per_epoch
+        found = duplicate_samples(self.group, order, self.n, self.epoch, step)
         if found is not None and not any(d.code == DUPLICATE_SAMPLES for d in self.diagnostics):
             self.diagnostics.append(found)
         self.entered += 1
         return order
-
-
-def _check_same_start(dist: Distributed, step: int) -> None:
-    """Every rank must resume at the same step: a checkpoint directory that only some
-    ranks see (storage not shared across nodes) would desynchronise their collectives."""
-    steps = [np.zeros(1, dtype=np.int64) for _ in range(dist.get_world_size())]
-    dist.all_gather(steps, np.array([step], dtype=np.int64))
-    found = [int(s[0]) for s in steps]
-    if len(set(found)) > 1:
-        raise InvalidRequest(
-            f"ranks resumed at different steps {found}: the checkpoint directory is not "
-            "shared by every rank; put it on storage every node sees"
-        )
 
 
 def _restore(params: Params, saved: Params, path: Path) -> None:
@@ -374,30 +371,6 @@ def _restore(params: Params, saved: Params, path: Path) -> None:
                 f"{path.name}: {name} has shape {saved[name].shape}, the model {p.shape}"
             )
         p[...] = saved[name]
-
-
-def _duplicates(
-    dist: Distributed, order: Array, n: int, epoch: int, step: int
-) -> Diagnostic | None:
-    """All ranks compare this epoch's sample indices (one all-gather): more repeats
-    than DistributedSampler's padding (< world_size) mean ranks share samples."""
-    world = dist.get_world_size()
-    gathered = [np.empty_like(order) for _ in range(world)]
-    dist.all_gather(gathered, order)
-    everything = np.concatenate(gathered)
-    distinct = len(np.unique(everything))
-    repeats = len(everything) - distinct
-    if repeats < world:
-        return None
-    return Diagnostic(
-        DUPLICATE_SAMPLES,
-        f"ranks processed duplicate samples: {repeats} of the {len(everything)} samples "
-        f"of epoch {epoch} were also processed by another rank ({distinct} distinct of "
-        f"{n}); the data loader has no DistributedSampler, so every rank walks the whole "
-        "dataset",
-        step,
-        {"epoch": epoch, "repeats": repeats, "samples": len(everything), "distinct": distinct},
-    )
 
 
 def device_of(rank: int) -> str:

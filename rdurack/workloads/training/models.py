@@ -12,17 +12,17 @@
   its output module on top of blocks 0..i-1, frozen with `requires_grad_(False)`.
 
 `Trainable` is what the loop trains: a module and the parameters that train, with
-torch's autograd for backward. Its `params` and `grads` are numpy views of the
-parameters' and their `.grad`'s storage, in `named_parameters()` order: the loop's DDP
-averages gradients in place through them and checkpoints read them, while torch.optim
-updates the same storage.
+torch's autograd for backward (through torch's DDP, which averages the gradients in
+`.grad`). Its `params` and `grads` are numpy views of the parameters' and their
+`.grad`'s storage, in `named_parameters()` order: checkpoints, the movement metric and
+the memory account read them, while torch.optim and DDP update the same storage.
 """
 
 from __future__ import annotations
 
 import math
 from itertools import pairwise
-from typing import Any, Literal, Protocol, TypeVar
+from typing import Any, Literal, TypeVar
 
 import numpy as np
 import torch
@@ -30,40 +30,11 @@ from torch import nn
 from torch.nn import functional
 
 from rdurack.errors import InvalidRequest
-from rdurack.workloads.training.arrays import Array, Params
+from rdurack.workloads.training.data import Array, Params
 
 ModelName = Literal["mlp", "transformer"]
 M = TypeVar("M", bound=nn.Module)
 TOKENS = 8  # the transformer reads a digit's 8 rows as 8 tokens
-
-
-class Model(Protocol):
-    """What the loop, its DDP and the timing model need of a model."""
-
-    params: Params  # name -> parameter that trains (a view), definition order
-    grads: Params  # name -> its gradient of the last backward(), same order
-    dtype: np.dtype[Any]
-
-    def forward(self, x: Array, y: Array) -> float:
-        """Mean cross-entropy of the batch; keeps the activations for backward()."""
-        ...
-
-    def backward(self) -> None:
-        """Gradients of the last forward's loss into `grads`."""
-        ...
-
-    def logits(self, x: Array) -> Array:
-        """Class scores, (batch, classes), without keeping anything for backward."""
-        ...
-
-    def saved_bytes(self) -> int:
-        """Bytes autograd keeps from the last forward for backward (0 after it)."""
-        ...
-
-    @property
-    def frozen(self) -> Params:
-        """Parameters forward uses but nothing trains (progressive: earlier blocks)."""
-        ...
 
 
 class MLP(nn.Module):
@@ -224,10 +195,12 @@ class Trainable:
     def _input(self, x: Array) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(x, dtype=self.dtype))
 
-    def forward(self, x: Array, y: Array) -> float:
+    def forward(self, x: Array, y: Array, net: nn.Module | None = None) -> float:
+        """Mean cross-entropy of the batch through `net` (default: the module; the loop
+        gives the DDP that wraps it); keeps the activations for backward()."""
         self._saved = {}
         with torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t):
-            logits = self.net(self._input(x))
+            logits = (net or self.net)(self._input(x))
             self._loss = functional.cross_entropy(logits, torch.from_numpy(np.asarray(y, np.int64)))
         return float(self._loss.detach())
 
@@ -238,6 +211,8 @@ class Trainable:
         return t
 
     def backward(self) -> None:
+        """Gradients of the last forward's loss into `.grad` (zeroed first, in place:
+        the views stay valid)."""
         if self._loss is None:
             raise InvalidRequest("backward() without a forward() before it")
         for p in self.trained:

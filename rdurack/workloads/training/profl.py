@@ -15,7 +15,7 @@ fewer blocks at the same width (depth, as DepthFL does), or every block narrower
 same depth (width, as HeteroFL does). ProFL compares itself against such models (arXiv
 2404.13349, abstract: "accuracy up to 82.4%" better). `largest_shrunken` finds, in
 both families, the candidates whose full training fits under the cap (by their memory
-plan, memory_plan.py) and picks the one with the most parameters; ties go to the
+plan, strategy.plan_memory) and picks the one with the most parameters; ties go to the
 deeper one.
 
 `compare` runs the three trainings the acceptance compares, on threads (the same loop
@@ -33,8 +33,9 @@ from rdurack.errors import InvalidRequest
 from rdurack.rack.presets import platform as preset
 from rdurack.rack.spec import PlatformSpec, Tier
 from rdurack.workloads.training.data import data_shape
-from rdurack.workloads.training.job import TrainingWorkload, built_in_plan, hbm_limit
+from rdurack.workloads.training.job import TrainingWorkload
 from rdurack.workloads.training.loop import train_threaded
+from rdurack.workloads.training.scaling import built_in_plan, hbm_limit
 
 DEFAULT = TrainingWorkload(world_size=4, global_batch=64, blocks=4, hidden=64, epochs=30)
 STAGE_EPOCHS = 5  # progressive: the step budget of each stage

@@ -1,26 +1,71 @@
 """What one training rank is given and what it reports: the job's spec, the launcher's
-context, the events it emits while it trains, and its result (loop.py trains)."""
+context, the events it emits while it trains, its result (loop.py trains), and its
+diagnostics.
+
+Diagnostics are a run's findings about how it was set up wrong. Errors stop a run (a
+wrong world size cannot train at all); diagnostics are recorded and the run goes on,
+because the mistake only costs correctness or efficiency (replicas that never agree,
+samples every rank processes). Each names the mistake in the article's words and
+carries its numbers.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from rdurack.workloads.training.arrays import Params
 from rdurack.workloads.training.backend import Backend
-from rdurack.workloads.training.ddp import DEFAULT_BUCKET_CAP_BYTES
-from rdurack.workloads.training.diagnostics import Diagnostic
-from rdurack.workloads.training.distributed import DEFAULT_TIMEOUT_S
+from rdurack.workloads.training.data import Params
 from rdurack.workloads.training.memory import MemoryAccount
-from rdurack.workloads.training.movement import DEFAULT_THRESHOLD, DEFAULT_WINDOW_STEPS
-from rdurack.workloads.training.progressive import Stage, StageReport, Strategy
+from rdurack.workloads.training.progressive import (
+    DEFAULT_THRESHOLD,
+    DEFAULT_WINDOW_STEPS,
+    Stage,
+    StageReport,
+    Strategy,
+)
 
 if TYPE_CHECKING:
-    from rdurack.workloads.training.models import Model
+    from rdurack.workloads.training.models import Trainable
+
+DEFAULT_BUCKET_CAP_BYTES = 25 * 1024 * 1024  # torch: bucket_cap_mb=25
+# torch's default process-group timeout (datetime.timedelta(minutes=30)), seconds.
+DEFAULT_TIMEOUT_S = 1800.0
+
+# Codes, stable for tests and for whoever turns diagnostics into job events.
+REPLICAS_DIFFER = "replicas-differ"
+DUPLICATE_SAMPLES = "duplicate-samples"
+EVERY_RANK_CHECKPOINTS = "every-rank-checkpoints"  # a script's ranks saved one file
+# A script's mistakes that stop it (node_agent/training/script_checks.py): its error
+# starts with the code in brackets.
+WRONG_WORLD_SIZE = "wrong-world-size"
+TWO_PROCESSES_PER_SOCKET = "two-processes-per-socket"
+WRONG_RANK = "wrong-rank"
+STRAGGLER_TIMEOUT = "straggler-timeout"
+
+
+@dataclass(frozen=True, slots=True)
+class Diagnostic:
+    code: str  # one of the codes above
+    message: str  # one line for a person, with the numbers
+    step: int  # training step (optimizer updates done) when it was found
+    data: dict[str, Any] = field(default_factory=dict)  # the numbers, for programs
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class Passes(Protocol):
+    """What the rack times of a step: its forward, then its backward, called before
+    they run (node_agent/training/timed.py)."""
+
+    def forward(self) -> None: ...
+
+    def backward(self) -> None: ...
 
 
 class TrainSpec(BaseModel):
@@ -94,8 +139,8 @@ class RankContext:
     rank: int  # the rank this process was told it has
     device: str  # its socket, rdu-n<node>-s<index>
     checkpoint_dir: Path | None = None  # where rank 0 writes and every rank resumes from
-    # Wraps the model DDP sees (the rack: a model whose passes advance emulated time).
-    wrap: Callable[[Model], Model] | None = None
+    # A stage's model's passes on the socket's clock (None: untimed, in one process).
+    timing: Callable[[Trainable], Passes] | None = None
     # Mirrors what the rank holds on its socket's tiers (None: not accounted).
     memory: MemoryAccount | None = None
     # Told when a stage begins (with the seconds its memory moves took) and ends.

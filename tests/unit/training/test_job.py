@@ -9,8 +9,8 @@ from rdurack.orchestrator.jobs import JobSpec
 from rdurack.rack.models import builtin_models, model
 from rdurack.rack.presets import platform
 from rdurack.wire import jobs as job_convert
-from rdurack.workloads.training.job import TrainingWorkload, check_fits, step_cost
-from rdurack.workloads.training.scaling import predict_scaling
+from rdurack.workloads.training.job import TrainingWorkload
+from rdurack.workloads.training.scaling import check_fits, predict_scaling, step_cost
 
 RACK = platform("sn40l-rack16")
 MODELS = builtin_models()

@@ -1,4 +1,5 @@
-"""The reference training loop, every rank on a thread, as a torch DDP script runs."""
+"""The reference training loop, every rank on a thread, its gradients averaged by torch's
+DistributedDataParallel over the loop's process group."""
 
 from __future__ import annotations
 
@@ -12,9 +13,13 @@ from rdurack.errors import InvalidRequest
 from rdurack.workloads.training.backend import Backend, ThreadGroup
 from rdurack.workloads.training.checkpoint import load
 from rdurack.workloads.training.data import digits, synthetic
-from rdurack.workloads.training.diagnostics import DUPLICATE_SAMPLES, REPLICAS_DIFFER
 from rdurack.workloads.training.loop import train, train_threaded
-from rdurack.workloads.training.rank import RankContext, TrainSpec
+from rdurack.workloads.training.rank import (
+    DUPLICATE_SAMPLES,
+    REPLICAS_DIFFER,
+    RankContext,
+    TrainSpec,
+)
 
 
 def _assert_same_params(a: dict[str, np.ndarray], b: dict[str, np.ndarray], tol: float) -> None:
@@ -98,14 +103,16 @@ def test_no_distributed_sampler_is_diagnosed() -> None:
 def test_wrong_world_size_or_rank_is_refused() -> None:
     spec = TrainSpec(world_size=3, global_batch=30, steps=1)
     group = ThreadGroup(2, timeout_s=10)
-    with pytest.raises(InvalidRequest, match=r"world_size=3 but the process group has 2 ranks"):
+    with pytest.raises(InvalidRequest, match=r"rank \d of world_size 3, but the process group"):
         group.run(lambda b: train(RankContext(b, b.rank, f"rdu-n0-s{b.rank}"), spec))
 
     def swapped(b: Backend) -> object:
         return train(RankContext(b, 1 - b.rank, f"rdu-n0-s{b.rank}"), spec2)
 
     spec2 = TrainSpec(world_size=2, global_batch=32, steps=1)
-    with pytest.raises(InvalidRequest, match=r"rank=1 but this process holds rank 0"):
+    with pytest.raises(
+        InvalidRequest, match=r"rank 1 of world_size 2, but the process group holds"
+    ):
         ThreadGroup(2, timeout_s=10).run(swapped)
 
 

@@ -14,19 +14,24 @@ from rdurack.rack.memory import TieredMemory
 from rdurack.rack.presets import platform
 from rdurack.rack.spec import Tier
 from rdurack.workloads.training.backend import ThreadGroup
-from rdurack.workloads.training.job import TrainingWorkload, built_in_plan
+from rdurack.workloads.training.job import TrainingWorkload
 from rdurack.workloads.training.loop import train, train_threaded
 from rdurack.workloads.training.memory import MemoryAccount
-from rdurack.workloads.training.memory_plan import plan_memory
-from rdurack.workloads.training.models import Model, build_split, views
-from rdurack.workloads.training.movement import EffectiveMovement
+from rdurack.workloads.training.models import Trainable, build_split, views
 from rdurack.workloads.training.profl import (
     largest_shrunken,
     parameters,
     shrunken_candidates,
 )
-from rdurack.workloads.training.progressive import Stage, placement, stage_order
+from rdurack.workloads.training.progressive import (
+    EffectiveMovement,
+    Stage,
+    placement,
+    stage_order,
+)
 from rdurack.workloads.training.rank import RankContext, StageEvent, TrainSpec
+from rdurack.workloads.training.scaling import built_in_plan
+from rdurack.workloads.training.strategy import plan_memory
 
 RACK = platform("sn40l-rack16")
 SOCKET = RACK.socket
@@ -180,7 +185,7 @@ def _small(**fields: object) -> TrainSpec:
 def test_stages_end_by_the_metric_or_the_budget_and_frozen_blocks_stay_put() -> None:
     spec = _small(freeze_threshold=0.6)
     events: list[StageEvent] = []
-    models: list[Model] = []
+    models: list[Trainable] = []
     frozen_at: dict[str, np.ndarray] = {}
 
     def seen(event: StageEvent) -> None:
@@ -188,12 +193,17 @@ def test_stages_end_by_the_metric_or_the_budget_and_frozen_blocks_stay_put() -> 
         if event.stage == Stage("grow", 0) and event.report is not None:
             frozen_at.update({k: v.copy() for k, v in models[-1].params.items()})
 
-    def wrap(model: Model) -> Model:
-        models.append(model)
-        return model
+    class Untimed:
+        def forward(self) -> None: ...
+
+        def backward(self) -> None: ...
+
+    def timing(model: Trainable) -> Untimed:
+        models.append(model)  # each stage's
+        return Untimed()
 
     result = ThreadGroup(1, 30).run(
-        lambda b: train(RankContext(b, 0, "rdu-n0-s0", wrap=wrap, on_stage=seen), spec)
+        lambda b: train(RankContext(b, 0, "rdu-n0-s0", timing=timing, on_stage=seen), spec)
     )[0]
     order = [s.name for s in stage_order("progressive", 3)]
     assert [(e.stage.name, e.report is not None) for e in events] == [
@@ -237,7 +247,7 @@ def test_a_frozen_block_is_left_alone_by_later_stages() -> None:
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_progressive_ranks_train_exactly_as_one_process(world: int) -> None:
-    """DDP over the stages: each stage's model is wrapped and its gradients averaged,
+    """torch's DDP over the stages: each stage's model is wrapped and its gradients averaged,
     so N ranks end where one process on the global batch does."""
     single = train_threaded(_small(steps=12))[0]
     ranks = train_threaded(_small(steps=12, world_size=world))

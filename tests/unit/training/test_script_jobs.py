@@ -16,8 +16,8 @@ from rdurack.workloads.training.job import (
     SCRIPT_PROGRESS_S,
     SCRIPT_STOP_S,
     TrainingWorkload,
+    log_path,
 )
-from rdurack.workloads.training.script_files import log_path
 
 
 def workload(source: str = "print('hi')\n", **fields: object) -> TrainingWorkload:

@@ -21,8 +21,7 @@ from rdurack.node_agent.socket import Socket
 from rdurack.node_agent.training.script import ScriptFailed
 from rdurack.rack.presets import platform
 from rdurack.telemetry import names
-from rdurack.workloads.training.job import RankReport, TrainingWorkload
-from rdurack.workloads.training.script_files import log_path, work_dir
+from rdurack.workloads.training.job import RankReport, TrainingWorkload, log_path, work_dir
 
 RACK = platform("sn40l-rack16")
 GROUP = ["rdu-n1-s2"]
