@@ -95,9 +95,15 @@ class Rendezvous:
             )
         self.host, port = bytes(address).rstrip(b"\0").decode().rsplit(":", 1)
         self.port = int(port)
+        # This rank's connection to the store: for init_process_group's agent store, and
+        # for the ranks' bookkeeping (script_checks.py).
+        self.client: TCPStore | None = self.store or TCPStore(
+            self.host, self.port, is_master=False, timeout=timedelta(seconds=wall_timeout_s)
+        )
 
     def close(self) -> None:
-        self.store = None  # the server stops (and closes its socket) with its last reference
+        # The server stops (and closes its socket) with its last reference.
+        self.store = self.client = None
 
 
 def node_ranks(sockets: Sequence[str], rank: int) -> list[str]:
@@ -257,12 +263,14 @@ class ScriptRank:
         timer = Timer(platform, [SocketId.parse(host.name)])
         kernels = kernels_for(timer, w.plan(platform))
         streams = Streams(host.clock, kernels, lambda: host.slowdown)
-        checks = Checks(host.engine, job_id, list(group), rank, w.wall_timeout_s, w.timeout_s)
+        checks = Checks(job_id, list(group), rank, w.wall_timeout_s, w.timeout_s)
         self.links = RankLinks(host.engine, streams, job_id, list(group), w.wall_timeout_s, checks)
         self.rank = rank
         self.w = w
         listen = host.address().rsplit(":", 1)[0].strip("[]")  # the links' host
         self.rendezvous = Rendezvous(self.links, rank, listen, w.wall_timeout_s)
+        checks.store = self.rendezvous.client
+        checks.stopped = lambda: streams.stop_reason
         self.returned = b""  # a client's function's return value, pickled
 
     def run(self, job_dir: Path, memory: TensorMemory) -> Streams:

@@ -17,8 +17,11 @@ Mistakes that cannot train stop the rank with an error that names them:
   process group's timeout (or the job's timeout_s, whichever is shorter) after the first
   rank (emulated seconds: the time NCCL's watchdog would have waited on the hardware).
 
-The ranks compare what they hold by digests exchanged on a scratch engine and clock:
-bookkeeping the hardware does not do, so no emulated time and no link traffic.
+The ranks compare what they hold by digests exchanged through the job's rendezvous
+store (script.py: a TCPStore rank 0 hosts, as torchrun's agent does): bookkeeping the
+hardware does not do, so no emulated time and no link traffic. A step's lateness check
+is one such exchange of 8 bytes a rank: two requests to the store each, where a ring
+all-gather over the links took 15 rounds of messages between the ranks' processes.
 """
 
 from __future__ import annotations
@@ -26,22 +29,24 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
-from collections.abc import Iterable, Iterator
+import time
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import Store
 from torch.optim.optimizer import (
     register_optimizer_step_post_hook,
     register_optimizer_step_pre_hook,
 )
 
-from rdurack.errors import RdurackError
-from rdurack.node_agent.collective_engine import CollectiveEngine
+from rdurack.errors import LinkFailure, RdurackError
 from rdurack.rack.clock import EmulatedClock
-from rdurack.rack.topology import SocketId
 from rdurack.workloads.training.rank import (
     DUPLICATE_SAMPLES,
     REPLICAS_DIFFER,
@@ -63,11 +68,14 @@ class ScriptMistake(RdurackError):
         return (type(self), (self.code, str(self).removeprefix(f"[{self.code}] ")))
 
 
+WAIT_SLICE_S = 0.25  # a wait at the store looks this often whether the rank was stopped
+
+
 @dataclass
 class Checks:
-    """Rank `rank` of a job on `sockets` (by rank), comparing notes over `engine`."""
+    """Rank `rank` of a job on `sockets` (by rank), comparing notes through `store`
+    (the job's rendezvous store, set once it exists)."""
 
-    engine: CollectiveEngine
     job_id: str
     sockets: list[str]
     rank: int
@@ -78,7 +86,11 @@ class Checks:
     diagnostics: list[dict[str, Any]] = field(default_factory=list)
     saved: list[str] = field(default_factory=list)  # files torch.save wrote, resolved
     steps: int = 0  # optimizer steps so far
+    store: Store | None = None
+    # Why the rank was stopped, if it was (script_thread.py): a wait at the store ends.
+    stopped: Callable[[], str | None] = lambda: None
     _exchanges: int = 0
+    _previous_key: str = ""  # this rank's key of the last exchange, deleted at the next
     _bucket_seen: bool = False  # this step's first gradient all-reduce came
     _samples_checked: bool = False
 
@@ -198,15 +210,41 @@ class Checks:
         return [bytes(part) for part in out.reshape(len(self.sockets), -1)]
 
     def _exchange(self, what: str, data: np.ndarray) -> np.ndarray:
-        """Every rank's `data`, by rank, with no emulated cost."""
+        """Every rank's `data` (one shape and dtype on all), by rank, through the store."""
+        store = self.store
+        assert store is not None, "the job's rendezvous store is set before a script runs"
         self._exchanges += 1
-        members = [SocketId.parse(s) for s in self.sockets]
-        engine = self.engine.scratch()
-        plan = engine.plan("all_gather", members, data)
-        tag = f"{self.job_id}/check/{self._exchanges}/{what}"
-        out = engine.run(tag, plan, EmulatedClock(0), self.wall_timeout_s, data).buffer
-        assert out is not None
-        return out
+        prefix = f"rdurack/{self.job_id}/check/{self._exchanges}/{what}"
+        keys = [f"{prefix}/{r}" for r in range(len(self.sockets))]
+        raw = np.ascontiguousarray(data).tobytes()
+        store.set(keys[self.rank], raw)  # type: ignore[arg-type]  # stubs: str; bytes work
+        self._wait(store, keys, what)
+        parts = store.multi_get(keys)
+        # Every rank has read the last exchange's keys before it wrote this one's.
+        if self._previous_key:
+            store.delete_key(self._previous_key)
+        self._previous_key = keys[self.rank]
+        return np.concatenate([np.frombuffer(p, dtype=data.dtype) for p in parts])
+
+    def _wait(self, store: Store, keys: list[str], what: str) -> None:
+        """Until every rank has written its key, the rank is stopped, or
+        `wall_timeout_s` passes (then: which ranks never came)."""
+        deadline = time.monotonic() + self.wall_timeout_s
+        while True:
+            try:
+                store.wait(keys, timedelta(seconds=WAIT_SLICE_S))
+                return
+            except dist.DistStoreError:
+                pass  # not all there yet
+            reason = self.stopped()
+            if reason is not None:
+                raise RdurackError(f"stopped while comparing {what} with the other ranks: {reason}")
+            if time.monotonic() >= deadline:
+                missing = [r for r, k in enumerate(keys) if not store.check([k])]
+                raise LinkFailure(
+                    f"comparing {what}: rank(s) {_ranks(missing)} never arrived within "
+                    f"{self.wall_timeout_s:g} s (wall_timeout_s)"
+                )
 
 
 def _ranks(ranks: list[int]) -> str:
