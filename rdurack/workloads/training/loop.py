@@ -67,7 +67,7 @@ from rdurack.workloads.training.rank import (
     StepInfo,
     TrainSpec,
 )
-from rdurack.workloads.training.scaling import assign_buckets
+from rdurack.workloads.training.scaling import bucket_bytes
 from rdurack.workloads.training.strategy import Trainee, make_optimizer
 
 SOCKETS_PER_NODE = 8  # SN40L node: rank r runs on socket r % 8 of node r // 8
@@ -147,7 +147,7 @@ def train_steps(ctx: RankContext, spec: TrainSpec) -> Generator[StepInfo, None, 
     written: list[str] = []
     reports: list[StageReport] = []
     samples = 0
-    bucket_bytes: list[int] = []
+    buckets: list[int] = []
     for stage in trainee.stages:
         model = trainee.stage_model(stage)
         optimizer = make_optimizer(spec, model)
@@ -249,7 +249,7 @@ def train_steps(ctx: RankContext, spec: TrainSpec) -> Generator[StepInfo, None, 
             ctx.on_stage(StageEvent(stage, step, report=report))
         if found is not None and not any(d.code == found.code for d in diagnostics):
             diagnostics.append(found)
-        bucket_bytes = _bucket_bytes(model, spec)
+        buckets = list(bucket_bytes(model.params, spec.bucket_cap_bytes))
     diagnostics = diagnostics + batches.diagnostics
     test_acc = accuracy(trainee.model, test_set) if rank == 0 else None
     barrier(group)
@@ -264,7 +264,7 @@ def train_steps(ctx: RankContext, spec: TrainSpec) -> Generator[StepInfo, None, 
         start_step=start_step,
         steps=step,
         epochs=batches.entered,
-        bucket_bytes=bucket_bytes,
+        bucket_bytes=buckets,
         checkpoints=written,
         params=copy_params(trainee.params),
         stages=reports,
@@ -289,13 +289,6 @@ def _broadcast_all(group: BackendGroup, params: Params) -> None:
     for p in params.values():
         p[...] = flat[offset : offset + p.size].numpy().reshape(p.shape)
         offset += p.size
-
-
-def _bucket_bytes(model: Trainable, spec: TrainSpec) -> list[int]:
-    """Bytes per DDP bucket, all-reduce order: torch's steady-state layout of what
-    `model` trains (job.assign_buckets), as the timing model prices it."""
-    sizes = [(name, p.size, p.itemsize) for name, p in model.params.items()]
-    return [b.nbytes for b in assign_buckets(sizes, spec.bucket_cap_bytes)]
 
 
 class _Batches:

@@ -197,10 +197,13 @@ def model_cost(
     forward = launch + max(flops / eff_flops, nbytes / eff_bw)
     # Backward: twice the forward of what trains (the usual 2:1), nothing for frozen blocks.
     backward = launch + max(2 * trained_flops / eff_flops, 2 * _bytes(trained) / eff_bw)
-    buckets = assign_buckets(
-        [(n, p.size, p.itemsize) for n, p in trained.items()], w.bucket_cap_bytes
-    )
-    return StepCost(forward, backward, tuple(b.nbytes for b in buckets), memory)
+    return StepCost(forward, backward, bucket_bytes(trained, w.bucket_cap_bytes), memory)
+
+
+def bucket_bytes(params: Params, bucket_cap_bytes: int) -> tuple[int, ...]:
+    """Bytes per DDP bucket of `params` (what trains), all-reduce order."""
+    sizes = [(n, p.size, p.itemsize) for n, p in params.items()]
+    return tuple(b.nbytes for b in assign_buckets(sizes, bucket_cap_bytes))
 
 
 def _count(params: Params) -> int:
