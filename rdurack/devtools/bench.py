@@ -2,9 +2,10 @@
 
 Each benchmark returns figures (bench_figure.py): a value, its unit, its floor measured
 in the same run where it has one (docs/benchmarks.md), the ratio value / floor, the
-target and which way is better. Where a figure has a floor its target holds the ratio,
-else the value. build/bench.json keeps, for each, `{"name", "value", "unit", "floor",
-"ratio", "target", "better"}`. A figure that misses its target is reported, and the run
+target, what it holds and which way is better. Where a figure has a floor its target
+holds the ratio, unless it is an issue's absolute bound; else the value. build/bench.json
+keeps, for each, `{"name", "value", "unit", "floor", "ratio", "target", "holds",
+"better"}`. A figure that misses its target is reported, and the run
 still succeeds; the run fails only when a benchmark cannot run at all. Later work adds
 its benchmarks to BENCHMARKS.
 """
@@ -13,9 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import sys
-import time
 import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -26,6 +25,7 @@ from rich.table import Table
 from rdurack.devtools.bench_control import bench_control
 from rdurack.devtools.bench_endpoint import bench_endpoint
 from rdurack.devtools.bench_figure import BenchFigure
+from rdurack.devtools.bench_predictor import bench_predictor_speed, bench_serving_engine
 from rdurack.devtools.bench_rack import bench_rack
 from rdurack.devtools.bench_racks import bench_racks
 from rdurack.devtools.bench_serve import bench_serve
@@ -33,73 +33,9 @@ from rdurack.devtools.bench_submit import bench_submit
 from rdurack.devtools.bench_torch import bench_torch
 from rdurack.devtools.bench_training import bench_progressive
 from rdurack.errors import RdurackError
-from rdurack.rack.models import builtin_models
-from rdurack.rack.presets import builtin_platforms
-from rdurack.workloads.coe.bundle import PredictedReplicas
-from rdurack.workloads.coe.engine import CoeEngine
-from rdurack.workloads.coe.router import Router
-from rdurack.workloads.coe.spec import CoeWorkload, PoissonLoad, build_requests
 from rdurack.workloads.paper.study import PaperStudy
-from rdurack.workloads.predictor import CoeSetting, Predictor, predict_coe
 
 Benchmark = Callable[[], list[BenchFigure]]
-
-
-def bench_predictor_speed(seconds: float = 3.0) -> list[BenchFigure]:
-    """CoE requests the predictor completes per wall second: batches of 8 with prompt
-    lengths and output lengths drawn at random (seeded), on the three CoE platforms,
-    one Predictor per platform as a serving study would hold them."""
-    rng = random.Random(7)
-    models = builtin_models()
-    predictors = [Predictor(builtin_platforms()[n]) for n in ("sn40l-node", "dgx-a100", "dgx-h100")]
-    requests = 0
-    start = time.perf_counter()
-    while time.perf_counter() - start < seconds:
-        setting = CoeSetting(
-            experts=100,
-            batch=8,
-            output_tokens=rng.choice((20, 50, 200)),
-            prompt_tokens=rng.choice((128, 256, 512, 1024, 2048)),
-        )
-        for p in predictors:
-            result = predict_coe(p, setting, models)
-            requests += len(result.request_s)
-    elapsed = time.perf_counter() - start
-    return [
-        BenchFigure(
-            "predictor CoE requests per wall second",
-            requests / elapsed,
-            "requests/s",
-            100_000,
-            "higher",
-        )
-    ]
-
-
-def bench_serving_engine(requests: int = 20_000) -> list[BenchFigure]:
-    """CoE requests per wall second of the serving engine (batching, cache-aware routing,
-    LRU switching) run on the predictor instead of the cluster: a Poisson load on both
-    nodes of the rack, 150 experts."""
-    rack = builtin_platforms()["sn40l-rack16"]
-    models = builtin_models()
-    w = CoeWorkload(
-        num_sockets=16, poisson=PoissonLoad(requests=requests, rate_per_s=400.0, seed=1)
-    )
-    router = Router.for_catalog(w.num_experts)
-    load = build_requests(w, router)
-    engine = CoeEngine(w, rack, models, router.names, PredictedReplicas(rack, models), (0, 1))
-    start = time.perf_counter()
-    report = engine.run(load)
-    elapsed = time.perf_counter() - start
-    return [
-        BenchFigure(
-            "serving engine on the predictor, CoE requests per wall second",
-            report.requests / elapsed,
-            "requests/s",
-            None,
-            "higher",
-        )
-    ]
 
 
 def bench_paper_fidelity() -> list[BenchFigure]:
@@ -136,7 +72,7 @@ BENCHMARKS: list[tuple[str, Benchmark]] = [
 
 def table(figures: list[BenchFigure]) -> Table:
     """The figures as `make bench` prints them: each beside its floor and the ratio, and
-    the target on what it holds (the ratio where there is a floor, else the value)."""
+    the target on what it holds (bench_figure.py)."""
     out = Table(title="rdurack benchmarks (floor: measured in the same run)")
     for col in ("figure", "value", "unit", "floor", "ratio", "target", ""):
         out.add_column(col)
@@ -146,7 +82,7 @@ def table(figures: list[BenchFigure]) -> Table:
         sign = "≤" if f.better == "lower" else "≥"
         if f.target is None:
             target = "—"
-        elif f.floor is not None:
+        elif f.holds == "ratio":
             target = f"ratio {sign} {f.target:g}"
         else:
             target = f"{sign} {f.target:g} {f.unit}"

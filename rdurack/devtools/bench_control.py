@@ -1,12 +1,18 @@
 """Benchmarks of the control plane: a rack brought up as `rdu up` does (Ray head, two node
 agents x 8 sockets, the orchestrator, each its own process), then gRPC clients.
 
-- "rdu up to ready": wall seconds from `local_rack.up` to the orchestrator serving.
+- "rdu up to ready": wall seconds from `local_rack.up` to the orchestrator serving;
+  floor: the same processes started the same way with nothing of rdurack's services in
+  them (bench_up_floor.py), once the rack is down. Target: 10 s, held on the value.
 - "jobs scheduled per second": a batch of small jobs (1-socket llama2-7b prefill of 128
   tokens) is submitted; the figure is the batch size over the wall time from the first
   submission until no job of the batch is PENDING any more.
 - "cluster CoE requests per wall second": one CoE job serving a Poisson load in timing
-  mode, requests over the wall time from its submission to its end.
+  mode, requests over the wall time from its submission to its end; floor: the same
+  load on the serving engine in process (bench_predictor.engine_rate, the median of
+  3), which prices what the sockets run without the cluster around it, so the ratio is
+  the share of the engine's speed the cluster keeps. Target: 200 requests/s, held on
+  the value.
 - SubmitJob latencies from 50 closed-loop clients, 1,000 submissions from 100 clients,
   100 WatchJob streams: the load bench_load.py puts on the same rack, after the figures
   above, while the rack runs what they queued. (SubmitJob and WatchJob beside their
@@ -15,15 +21,17 @@ agents x 8 sockets, the orchestrator, each its own process), then gRPC clients.
 
 from __future__ import annotations
 
+import statistics
 import tempfile
 import time
 from pathlib import Path
 
 from rdurack.api.server import channel
-from rdurack.devtools import bench_load
+from rdurack.devtools import bench_load, bench_up_floor
 from rdurack.devtools.bench_figure import BenchFigure
 from rdurack.devtools.bench_load import RPC_TIMEOUT_S
 from rdurack.devtools.bench_loadgen import small_job
+from rdurack.devtools.bench_predictor import COE_RATE_PER_S, engine_rate
 from rdurack.devtools.ports import free_port
 from rdurack.errors import RdurackError
 from rdurack.processes import local_rack
@@ -32,6 +40,8 @@ from rdurack.v1 import common_pb2, job_pb2, job_pb2_grpc
 BATCH = 200
 BATCH_DEADLINE_S = 120.0
 COE_REQUESTS = 2000
+UP_TARGET_S = 10.0
+COE_TARGET_PER_S = 200.0
 
 
 def _pending(stub: job_pb2_grpc.JobServiceStub, ids: set[str]) -> int:
@@ -78,7 +88,9 @@ def _coe_rate(address: str, requests: int = COE_REQUESTS) -> BenchFigure:
         coe_inference=job_pb2.CoeInferenceJob(
             num_experts=150,
             num_sockets=16,
-            poisson=job_pb2.PoissonLoad(requests=requests, rate_per_s=400.0, skew=1.0, seed=1),
+            poisson=job_pb2.PoissonLoad(
+                requests=requests, rate_per_s=COE_RATE_PER_S, skew=1.0, seed=1
+            ),
         ),
     )
     with channel(address) as ch:
@@ -96,8 +108,10 @@ def _coe_rate(address: str, requests: int = COE_REQUESTS) -> BenchFigure:
         "cluster CoE requests per wall second (timing mode)",
         served / elapsed,
         "requests/s",
-        200,
+        COE_TARGET_PER_S,
         "higher",
+        floor=statistics.median(engine_rate(requests) for _ in range(3)),
+        absolute=True,
     )
 
 
@@ -107,10 +121,8 @@ def bench_control() -> list[BenchFigure]:
         start = time.perf_counter()
         rack = local_rack.up(state, port=free_port())
         try:
-            figures = [
-                BenchFigure("rdu up to ready", time.perf_counter() - start, "s", 10.0, "lower")
-            ]
-            figures.append(_coe_rate(rack.orchestrator))  # first: an idle rack
+            up_s = time.perf_counter() - start
+            figures = [_coe_rate(rack.orchestrator)]  # first: an idle rack
             figures.append(_scheduling_rate(rack.orchestrator))
             figures += bench_load.submit_latency(rack.orchestrator)
             # The figures added later run after those, with their jobs still queued
@@ -118,6 +130,8 @@ def bench_control() -> list[BenchFigure]:
             # by priority, so that they run while watched.
             figures += bench_load.watch_streams(rack.orchestrator)
             figures += bench_load.many_submissions(rack.orchestrator)
-            return figures
         finally:
             local_rack.down(state)
+    floor = bench_up_floor.up_s()  # its own Ray: once the rack's is down
+    up = BenchFigure("rdu up to ready", up_s, "s", UP_TARGET_S, "lower", floor, absolute=True)
+    return [up, *figures]

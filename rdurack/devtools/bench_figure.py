@@ -5,7 +5,10 @@ machine, of the bare thing the figure's code path is built on (docs/benchmarks.m
 what each floor is). Absolute figures moved 2-3x between two machines of one size, and
 40% between two runs on one machine; a figure over its floor moves far less, since both
 see the same machine at the same moment. So where a figure has a floor its target is
-held on the ratio `value / floor`; a figure without one (floor None) holds an absolute
+held on the ratio `value / floor`, unless the figure is `absolute`: an issue's bound in
+the figure's own unit (SubmitJob's 25 ms, an answer's 50 ms), held on the value while
+the floor and the ratio are still carried beside it. A figure without a floor (floor
+None) is not a time or a rate (a memory, an accuracy, a count) and holds an absolute
 target, or none.
 """
 
@@ -26,6 +29,8 @@ class BenchFigure:
     target: float | None
     better: Better
     floor: float | None = None  # the floor's own value, in `unit`; None: no floor
+    # The target is a bound on `value` (in `unit`) even though there is a floor.
+    absolute: bool = False
 
     @property
     def ratio(self) -> float | None:
@@ -36,9 +41,14 @@ class BenchFigure:
         return self.value / self.floor
 
     @property
+    def holds(self) -> Literal["ratio", "value"]:
+        """What the target is held on: the ratio when there is a floor and the figure
+        is not `absolute`, else the value."""
+        return "ratio" if self.floor is not None and not self.absolute else "value"
+
+    @property
     def held(self) -> float | None:
-        """What the target is held on: the ratio when there is a floor, else the value."""
-        return self.ratio if self.floor is not None else self.value
+        return self.ratio if self.holds == "ratio" else self.value
 
     @property
     def met(self) -> bool | None:
@@ -56,5 +66,6 @@ class BenchFigure:
             "floor": self.floor,
             "ratio": self.ratio,
             "target": self.target,
+            "holds": None if self.target is None else self.holds,
             "better": self.better,
         }

@@ -10,14 +10,9 @@ import pytest
 from rich.console import Console
 
 from rdurack.devtools import bench
-from rdurack.devtools.bench import (
-    bench_paper_fidelity,
-    bench_predictor_speed,
-    bench_serving_engine,
-    run,
-    table,
-)
+from rdurack.devtools.bench import bench_paper_fidelity, run, table
 from rdurack.devtools.bench_figure import BenchFigure
+from rdurack.devtools.bench_predictor import bench_predictor_speed, bench_serving_engine, gauge
 from rdurack.devtools.bench_serve import ANSWER_TARGET_MS, bench_serve
 from rdurack.devtools.bench_training import progressive_figures
 from rdurack.errors import RdurackError
@@ -28,7 +23,8 @@ MET = BenchFigure("fake latency", 1.5, "ms", 2.0, "lower")
 MISSED = BenchFigure("fake throughput", 10.0, "ops/s", 100.0, "higher")
 UNTARGETED = BenchFigure("fake count", 3.0, "things", None, "higher")
 UNTARGETED_FLOOR = BenchFigure("fake floored count", 3.0, "things", None, "higher", floor=2.0)
-KEYS = {"name", "value", "unit", "floor", "ratio", "target", "better"}
+ABSOLUTE = BenchFigure("fake bound", 20.0, "ms", 25.0, "lower", floor=4.0, absolute=True)
+KEYS = {"name", "value", "unit", "floor", "ratio", "target", "holds", "better"}
 
 
 def _fake() -> list[BenchFigure]:
@@ -63,6 +59,9 @@ def _check_schema(item: dict[str, Any]) -> None:
     assert isinstance(item["unit"], str)
     assert item["target"] is None or _number(item["target"])
     assert item["better"] in ("lower", "higher")
+    # What a target holds: the ratio only where there is one; none without a target.
+    assert item["holds"] in ((None,) if item["target"] is None else ("ratio", "value"))
+    assert item["holds"] != "ratio" or item["ratio"] is not None
     # A floor is the same quantity measured bare in the same run; the ratio is value over
     # it, and there is a ratio exactly when there is a floor.
     assert item["floor"] is None or (_number(item["floor"]) and item["floor"] > 0)
@@ -86,11 +85,11 @@ def test_run_writes_every_figure_and_succeeds_when_a_target_is_missed(
     none = {"floor": None, "ratio": None}
     assert data == [
         {"name": "fake latency", "value": 1.5, "unit": "ms", **none, "target": 2.0,
-         "better": "lower"},
+         "holds": "value", "better": "lower"},
         {"name": "fake throughput", "value": 10.0, "unit": "ops/s", **none, "target": 100.0,
-         "better": "higher"},
+         "holds": "value", "better": "higher"},
         {"name": "fake count", "value": 3.0, "unit": "things", **none, "target": None,
-         "better": "higher"},
+         "holds": None, "better": "higher"},
     ]  # fmt: skip
 
 
@@ -181,6 +180,20 @@ def test_a_figure_with_a_floor_holds_its_target_on_the_ratio(
     _check_schema(figure.to_json())
 
 
+def test_an_absolute_figure_carries_its_floor_and_ratio_and_holds_its_value() -> None:
+    # 5x its floor, which a ratio target of 3 would miss; its bound is 25 ms: met.
+    assert (ABSOLUTE.ratio, ABSOLUTE.holds, ABSOLUTE.held, ABSOLUTE.met) == (
+        5.0,
+        "value",
+        20.0,
+        True,
+    )
+    item = ABSOLUTE.to_json()
+    _check_schema(item)
+    assert (item["floor"], item["ratio"], item["holds"]) == (4.0, 5.0, "value")
+    assert BenchFigure("f", 30.0, "ms", 25.0, "lower", floor=4.0, absolute=True).met is False
+
+
 def test_a_figure_without_a_floor_holds_its_target_on_the_value() -> None:
     assert MET.floor is None and MET.ratio is None and MET.held == MET.value == 1.5
     assert BenchFigure("f", 0.0, "u", 1.0, "lower", floor=0.0).ratio is None  # no ratio to 0
@@ -194,15 +207,15 @@ def test_run_writes_each_floor_and_ratio(tmp_path: Path, monkeypatch: pytest.Mon
     data = _read(out)
     for item in data:
         _check_schema(item)
-    assert data[0] == {"name": "fake p99", "value": 9.0, "unit": "ms", "floor": 4.0,
-                       "ratio": 2.25, "target": 3.0, "better": "lower"}  # fmt: skip
+    assert data[0] == {"name": "fake p99", "value": 9.0, "unit": "ms", "floor": 4.0, "ratio": 2.25,
+                       "target": 3.0, "holds": "ratio", "better": "lower"}  # fmt: skip
     assert (data[1]["floor"], data[1]["ratio"], data[1]["target"]) == (2.0, 1.5, None)
 
 
 def test_the_table_prints_each_floor_its_ratio_and_what_the_target_holds() -> None:
     floored = BenchFigure("fake p99", 9.0, "ms", 3.0, "lower", floor=4.0)
     console = Console(width=200, record=True, color_system=None)
-    console.print(table([floored, MET, MISSED, UNTARGETED_FLOOR]))
+    console.print(table([floored, MET, MISSED, UNTARGETED_FLOOR, ABSOLUTE]))
     rows = {line.split("│")[1].strip(): line for line in console.export_text().splitlines()
             if line.startswith("│")}  # fmt: skip
     cells = {name: [c.strip() for c in line.split("│")[2:-1]] for name, line in rows.items()}
@@ -210,6 +223,7 @@ def test_the_table_prints_each_floor_its_ratio_and_what_the_target_holds() -> No
     assert cells["fake latency"] == ["1.5", "ms", "—", "", "≤ 2 ms", "met"]
     assert cells["fake throughput"] == ["10", "ops/s", "—", "", "≥ 100 ops/s", "missed"]
     assert cells["fake floored count"] == ["3", "things", "2", "1.50", "—", ""]
+    assert cells["fake bound"] == ["20", "ms", "4", "5.00", "≤ 25 ms", "met"]
 
 
 def test_the_fakes_meet_and_miss_their_targets() -> None:
@@ -246,7 +260,14 @@ def test_predictor_speed_is_a_positive_rate() -> None:
     assert figure.value > 0
     assert figure.target is not None
     assert figure.target > 0
+    # Beside the interpreter's gauge, measured in the same slices; the target on the value.
+    assert figure.floor is not None and figure.floor > 0 and figure.holds == "value"
     _check_schema(json.loads(json.dumps(figure.to_json())))
+
+
+def test_the_gauge_counts_whole_batches_of_units_in_the_time_it_took() -> None:
+    units, took = gauge(0.05)
+    assert units > 0 and units % 1000 == 0 and took >= 0.05
 
 
 def test_serving_engine_speed_is_a_positive_rate() -> None:
@@ -266,6 +287,8 @@ def test_serve_figures_are_each_answer_beside_its_floors() -> None:
     assert len(answers) == 2 and len(process) == 1 and len(floors) == 3
     assert {f.target for f in answers} == {ANSWER_TARGET_MS} == {50.0}
     assert all(f.target is None for f in floors + process)
+    # Each answer carries the in-process floor and holds the 50 ms on its value.
+    assert all(f.floor == floors[0].value and f.holds == "value" for f in answers)
     assert "in process" in floors[0].name and "import rdurack" in floors[-1].name
 
 

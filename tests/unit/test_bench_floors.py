@@ -1,22 +1,25 @@
 """What `make bench` measures its figures' floors with, run for real on a small scale:
 the bare SubmitJob server and the load generator (their calls, their outcomes), the bare
 gRPC members of the data plane's floors (the bytes they move, the sums they compute),
-and how the SubmitJob figures are made from what the loads measured. Nothing here is
-timed against a bound: the targets are `make bench`'s."""
+the bare processes of `rdu up`'s floor, and how the SubmitJob figures are made from what
+the loads measured. Nothing here is timed against a bound: the targets are `make
+bench`'s."""
 
 from __future__ import annotations
 
 import asyncio
 import random
 import statistics
+import subprocess
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any, cast
 
 import numpy as np
 import pytest
 
-from rdurack.devtools import bench_submit
+from rdurack.devtools import bench_submit, bench_up_floor
 from rdurack.devtools.bench_bare import Member
 from rdurack.devtools.bench_floor import serve
 from rdurack.devtools.bench_loadgen import (
@@ -33,6 +36,7 @@ from rdurack.devtools.bench_servers import without_password
 from rdurack.errors import RdurackError
 from rdurack.orchestrator.jobs import JobState
 from rdurack.orchestrator.store import JobStore
+from rdurack.processes import children
 
 
 @pytest.fixture
@@ -194,11 +198,18 @@ def test_the_submit_figures_are_the_loads_percentiles_beside_the_floors() -> Non
     assert latency.ratio == pytest.approx(2.0)
     assert latency.target == 3.0 and latency.met is True
     absolute = figures[f"SubmitJob latency p99, {at}: absolute"]
-    assert absolute.floor is None and absolute.value == latency.value and absolute.target == 25.0
+    # The issue's 25 ms, held on the value (199 ms: missed), beside the same floor and ratio.
+    assert (absolute.value, absolute.floor, absolute.ratio) == (
+        latency.value,
+        latency.floor,
+        latency.ratio,
+    )
+    assert (absolute.target, absolute.holds, absolute.met) == (25.0, "value", False)
     # A rate is the median over the rounds: the round at 50 calls/s is out.
     rate = figures["SubmitJob calls/s sustained, 64 in flight, S"]
     assert (rate.value, rate.floor, rate.ratio, rate.target) == (600.0, 1000.0, 0.6, None)
-    assert figures["SubmitJob calls/s sustained, 64 in flight, S: absolute"].met is False
+    sustained = figures["SubmitJob calls/s sustained, 64 in flight, S: absolute"]
+    assert (sustained.floor, sustained.holds, sustained.met) == (1000.0, "value", False)
     busy = figures[f"SubmitJob latency p99, {at}, the rack running its queue"]
     assert busy.value == pytest.approx(p99(hot, hotter)) and busy.target is None
     assert figures["calls failed in these loads, S"].value == 0
@@ -216,3 +227,20 @@ def test_a_url_loses_its_password_and_keeps_the_rest() -> None:
     url = "postgresql://postgres:s3cret@127.0.0.1:5432/t_abc"
     assert without_password(url) == "postgresql://postgres@127.0.0.1:5432/t_abc"
     assert without_password("postgresql://u@h/db") == "postgresql://u@h/db"
+
+
+def test_the_up_floor_starts_rdu_ups_processes_bare_and_stops_each(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    spawned: list[subprocess.Popen[bytes]] = []
+    spawn = children.spawn
+
+    def recorded(*args: Any) -> subprocess.Popen[bytes]:
+        spawned.append(spawn(*args))
+        return spawned[-1]
+
+    monkeypatch.setattr(children, "spawn", recorded)
+    assert bench_up_floor.up_s(agents=1, sockets=2) > 0
+    # The head, one agent, the server: each ended on its SIGTERM, cleanly.
+    assert [cast(list[str], p.args)[3] for p in spawned] == ["head", "agent", "server"]
+    assert [p.returncode for p in spawned] == [0, 0, 0]
