@@ -241,6 +241,9 @@ class Orchestrator:
     def schedule_once(self) -> int:
         """One scheduling round (scheduling.py) if this replica leads; returns how many
         jobs it started."""
+        # Cleared before the round reads anything: a change from here on, during the
+        # round too, calls for the next one.
+        self._kicked.clear()
         self._lead()
         if self._led is None:
             return 0
@@ -280,9 +283,6 @@ class Orchestrator:
 
     def _loop(self) -> None:
         while not self._stop.is_set():
-            # Cleared before the round reads anything: a change from here on, during the
-            # round too, calls for the next one.
-            self._kicked.clear()
             try:
                 self.schedule_once()
             except Exception:  # the loop must survive anything; the next round retries
@@ -291,6 +291,12 @@ class Orchestrator:
 
     def _kick(self) -> None:
         self._kicked.set()
+
+    @property
+    def round_due(self) -> bool:
+        """Whether something that calls for a scheduling round happened since the last
+        one began: the scheduling thread runs it at once rather than at its next poll."""
+        return self._kicked.is_set()
 
     # ------------------------------------------------------------------ the API
 
@@ -312,7 +318,8 @@ class Orchestrator:
         )
         if created:
             self._signals.notify(job.id)
-            self._kick()
+            if not self._rounds.full:  # a full rack waits for a socket (Rounds.full)
+                self._kick()
         return job, created
 
     def get(self, job_id: str, tenant: str | None = None) -> Job:

@@ -61,10 +61,17 @@ class Rounds:
         self._clock = clock
         self._tracer = tracer
         self._notify = notify
+        # Whether the last round found every socket taken. A submission alone cannot
+        # change that, so it need not call for a round: what frees a socket (a run's
+        # end, a cancellation, a health change) does, and so does the next poll. Under
+        # a burst of submissions to a full rack, a round per submission was a sixth of
+        # the orchestrator's work per SubmitJob, and of the database's.
+        self.full = False
 
     def once(self) -> int:
         """One scheduling round; returns how many jobs it started."""
         began = time.time_ns()
+        self.full = False
         if not self.store.any_queued():
             return 0
         # The cheap questions first: while every socket is taken, a round can place
@@ -73,12 +80,14 @@ class Rounds:
         active = self.store.list(list(ACTIVE))
         busy = {s for j in active for s in j.sockets}
         if len(busy) >= self._sockets:
+            self.full = True
             return 0
         nodes = self.gateway.nodes()
         # A socket an agent reports held is busy, whatever the store says.
         busy |= {s.socket_id for n in nodes for s in n.sockets if s.job_id}
         unhealthy = self._unhealthy(nodes)
         if len(busy | unhealthy) >= self._sockets:
+            self.full = True
             return 0
         allowance = {t: q - self.in_use(t, active) for t, q in self.quotas.items()}
         now = self._clock()

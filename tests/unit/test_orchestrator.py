@@ -17,7 +17,7 @@ from rdurack.errors import (
     OutOfMemory,
     RdurackError,
 )
-from rdurack.orchestrator.jobs import IllegalTransition, JobSpec, JobState
+from rdurack.orchestrator.jobs import EndpointWorkload, IllegalTransition, JobSpec, JobState
 from rdurack.orchestrator.orchestrator import Orchestrator
 from rdurack.orchestrator.results import CoeResult, KernelResult
 from rdurack.orchestrator.store import JobStore
@@ -327,3 +327,22 @@ def test_a_submission_during_a_round_calls_for_another_round(
     finally:
         o.stop()
         o.store.close()
+
+
+def test_a_submission_to_a_full_rack_calls_for_a_round_only_once_a_socket_frees(
+    orch: Orchestrator,
+) -> None:
+    model = JobSpec(workload=EndpointWorkload(model="llama3.1-8b", num_sockets=8))
+    holders = [orch.submit(model)[0] for _ in range(2)]  # both nodes, until cancelled
+    assert orch.schedule_once() == 2 and not orch.round_due
+    until(lambda: all(orch.get(h.id).state is JobState.RUNNING for h in holders), "held")
+    first, _ = orch.submit(spec(sockets=1))
+    assert orch.round_due  # the last round placed jobs: whether the rack is full is news
+    assert orch.schedule_once() == 0  # it is
+    second, _ = orch.submit(spec(sockets=1))
+    assert not orch.round_due  # a round could place nothing: none is called for
+    orch.cancel(holders[0].id)
+    assert orch.round_due  # a socket frees
+    assert wait_for(orch, holders[0].id) is JobState.CANCELLED
+    assert orch.schedule_once() == 2  # both queued jobs, on the freed node
+    assert {wait_for(orch, j.id) for j in (first, second)} == {JobState.SUCCEEDED}
