@@ -27,7 +27,7 @@ import numpy as np
 from rdurack.errors import InvalidRequest, LinkFailure
 from rdurack.node_agent.links.endpoint import LinkEndpoint
 from rdurack.node_agent.links.mailbox import Message
-from rdurack.node_agent.links.sending import OutgoingTransfer, Sends
+from rdurack.node_agent.links.sending import DELIVER_MAX_BYTES, OutgoingTransfer, Sends
 from rdurack.node_agent.timeline.hardware_trace import Sent, Traffic
 from rdurack.rack.clock import EmulatedClock
 from rdurack.rack.collectives import (
@@ -212,7 +212,12 @@ class CollectiveEngine:
         # Sends go on the wire and the socket takes its incoming messages at once: each
         # step waits for its input, not for its own acknowledgements too. They are all
         # collected at the end; one that failed ends the wait for a reply at once.
+        # Messages of at most DELIVER_MAX_BYTES (and timing-only ones) go on one stream
+        # per peer for the whole collective (the outbox), copied as they go; its deadline
+        # allows each step the wait a message is allowed. Larger ones stream from the
+        # buffer, each its own call, waited for before the buffer changes.
         pending: list[Sends] = []
+        outbox = self._endpoint.outbox(timeout_s * max(1, len(plan.schedule)))
 
         mailbox = self._endpoint.mailbox
         combine = _COMBINE[plan.reduce_op]
@@ -220,17 +225,22 @@ class CollectiveEngine:
         def failed() -> LinkFailure | None:
             if sequence and (stray := mailbox.stray(sequence, tag)) is not None:
                 return CollectiveMismatch(str(me), tag, stray.src, stray.tag)
+            if (e := outbox.failure()) is not None:
+                return e
             return next((e for p in pending if (e := p.failure()) is not None), None)
 
         try:
             for index, step in enumerate(plan.schedule):
-                outgoing = [
-                    self._send(tag, index, s, clock.now_ns, buffer, traffic)
-                    for s in step
-                    if s.src == me
-                ]
-                if outgoing:
-                    sends = self._endpoint.start_all(outgoing, timeout_s=timeout_s)
+                large: list[OutgoingTransfer] = []
+                for s in step:
+                    if s.src == me:
+                        t = self._send(tag, index, s, clock.now_ns, buffer, traffic)
+                        if t.payload is not None and t.nbytes > DELIVER_MAX_BYTES:
+                            large.append(t)
+                        else:
+                            outbox.send(t)
+                if large:
+                    sends = self._endpoint.start_all(large, timeout_s=timeout_s)
                     pending.append(sends)
                     if sends.reads_payload:
                         sends.wait()
@@ -240,9 +250,11 @@ class CollectiveEngine:
                     traffic.bytes_received += s.nbytes
                     if buffer is not None and msg.parts is not None:
                         _apply(carried(buffer, s), msg, combine if s.reduce else None)
+            outbox.wait()
             for sends in pending:
                 sends.wait()
-        except LinkFailure:
+        except BaseException:  # a failure, or anything else: nothing stays on the wire
+            outbox.cancel()
             for sends in pending:
                 sends.cancel()
             raise

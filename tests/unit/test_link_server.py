@@ -7,15 +7,22 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import grpc  # type: ignore[import-untyped, unused-ignore]
 import numpy as np
 import pytest
 
 from rdurack.errors import InvalidRequest, LinkFailure
+from rdurack.node_agent.links import endpoint as endpoint_module
 from rdurack.node_agent.links.endpoint import LinkEndpoint
 from rdurack.node_agent.links.mailbox import Mailbox, Message
-from rdurack.node_agent.links.sending import CHUNK_BYTES, DELIVER_MAX_BYTES, OutgoingTransfer
+from rdurack.node_agent.links.sending import (
+    CHUNK_BYTES,
+    DELIVER_MAX_BYTES,
+    LinkStream,
+    OutgoingTransfer,
+)
 from rdurack.v1 import link_pb2, link_pb2_grpc
 
 A, B, C = "rdu-n0-s0", "rdu-n0-s1", "rdu-n1-s0"
@@ -446,3 +453,105 @@ def test_mailbox_take_raises_what_give_up_returns() -> None:
         box.take("t", 0, A, 5.0, give_up=lambda: LinkFailure("peer gone"))
     box.put(_msg())
     assert box.take("t", 0, A, 1.0, give_up=lambda: None).step == 0
+
+
+# ---------------------------------------------------------------------- several on a stream
+
+
+def _header(
+    transfer_id: str, step: int, total: int, timing_only: bool = False
+) -> link_pb2.TransferChunk:
+    return link_pb2.TransferChunk(
+        header=link_pb2.TransferHeader(
+            transfer_id=transfer_id, src_socket_id=A, dst_socket_id=B, total_bytes=total,
+            collective_tag="s", collective_step=step, timing_only=timing_only,
+        )
+    )  # fmt: skip
+
+
+def test_a_stream_carries_several_transfers_each_stored_once_its_bytes_are_in(
+    trio: tuple[LinkEndpoint, ...],
+) -> None:
+    _, b, _ = trio
+    first_in = threading.Event()
+
+    def chunks() -> Iterator[link_pb2.TransferChunk]:
+        yield _header("m-0", 0, 3)
+        yield link_pb2.TransferChunk(data=b"ab")
+        yield link_pb2.TransferChunk(data=b"c")
+        # The next transfer waits until the first is in the mailbox: the receiver must
+        # store it now, not at the stream's end (a ring's next step needs its answer).
+        first_in.wait(timeout=10)
+        yield _header("m-1", 1, 0, timing_only=True)
+        yield _header("m-2", 2, 2)
+        yield link_pb2.TransferChunk(data=b"de")
+
+    with _raw_stub(b) as stub:
+        ack = stub.Transfer.future(chunks(), timeout=20)
+        first = b.receive("s", 0, A, timeout_s=10)
+        first_in.set()
+        assert ack.result().bytes_received == 5  # every data byte of the stream
+    assert b"".join(first.parts or ()) == b"abc"
+    assert b.receive("s", 1, A, timeout_s=1).parts is None  # timing-only
+    assert b"".join(b.receive("s", 2, A, timeout_s=1).parts or ()) == b"de"
+
+
+@pytest.mark.parametrize(
+    ("chunks", "says"),
+    [
+        ([_header("h-0", 0, 3), link_pb2.TransferChunk(data=b"ab"), _header("h-1", 1, 0)],
+         "a header came before"),
+        ([_header("h-0", 0, 0, timing_only=True), link_pb2.TransferChunk(data=b"x")],
+         "carries data"),
+        ([_header("h-0", 0, 2), link_pb2.TransferChunk(data=b"ab"),
+          link_pb2.TransferChunk(data=b"c")], "carries more than"),
+    ],
+    ids=["header-too-early", "data-after-timing-only", "data-beyond-total"],
+)  # fmt: skip
+def test_a_stream_whose_transfers_do_not_add_up_is_invalid_argument(
+    trio: tuple[LinkEndpoint, ...], chunks: list[link_pb2.TransferChunk], says: str
+) -> None:
+    _, b, _ = trio
+    with _raw_stub(b) as stub, pytest.raises(grpc.RpcError) as info:
+        stub.Transfer(iter(chunks), timeout=2)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert says in str(info.value.details())
+
+
+def test_an_outbox_sends_each_peers_transfers_on_one_stream(
+    trio: tuple[LinkEndpoint, ...], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a, b, c = trio
+    opened: list[LinkStream] = []
+
+    class Counted(LinkStream):
+        def __init__(self, *args: Any) -> None:
+            super().__init__(*args)
+            opened.append(self)
+
+    monkeypatch.setattr(endpoint_module, "LinkStream", Counted)
+    outbox = a.outbox(timeout_s=10)
+    data = np.arange(300_000, dtype=np.float32)  # 1.2 MB: two chunks on the stream
+    for step in range(3):
+        for dst in (B, C):
+            outbox.send(OutgoingTransfer(dst, "o", step, 0, 1, data.nbytes, data.data, "float32"))
+    data[:] = -1  # copied when sent: what arrives is what was sent
+    outbox.wait()
+    assert len(opened) == 2  # one for B, one for C
+    for endpoint in (b, c):
+        for step in range(3):
+            got = endpoint.receive("o", step, A, timeout_s=5)
+            assert np.frombuffer(b"".join(got.parts or ()), np.float32)[-1] == 299_999
+
+
+def test_an_outbox_fails_the_sends_after_a_link_goes_down(trio: tuple[LinkEndpoint, ...]) -> None:
+    a, b, _ = trio
+    outbox = a.outbox(timeout_s=10)
+    outbox.send(OutgoingTransfer(B, "d", 0, 0, 1, 0))
+    a.set_link_down(B)
+    outbox.send(OutgoingTransfer(B, "d", 1, 0, 1, 0))
+    failure = outbox.failure()
+    assert failure is not None and "link is down" in str(failure)
+    with pytest.raises(LinkFailure, match="link is down"):
+        outbox.wait()
+    assert b.receive("d", 0, A, timeout_s=5).step == 0  # what went before it arrived

@@ -26,7 +26,13 @@ import grpc
 from rdurack.errors import InvalidRequest, LinkFailure
 from rdurack.node_agent.links import sending, wire
 from rdurack.node_agent.links.mailbox import Mailbox, Message
-from rdurack.node_agent.links.sending import LinkStub, OutgoingTransfer, Pending, Sends
+from rdurack.node_agent.links.sending import (
+    LinkStream,
+    LinkStub,
+    OutgoingTransfer,
+    Pending,
+    Sends,
+)
 from rdurack.node_agent.links.servicer import LinkServer, LinkServicer
 from rdurack.security.tls import TlsConfig
 from rdurack.v1 import link_pb2
@@ -177,6 +183,28 @@ class LinkEndpoint:
         call.add_done_callback(self._wake_on_failure)
         return Pending(call, what, label, address, timeout_s, sending.streams(data))
 
+    def outbox(self, timeout_s: float) -> Outbox:
+        """Sends of one collective: one stream per peer for all of them (Outbox)."""
+        sending.check_timeout(self.socket_id, timeout_s)
+        return Outbox(self, timeout_s)
+
+    def _stream(self, dst: str, what: str, timeout_s: float) -> tuple[LinkStream | None, Pending]:
+        """A new stream to `dst`, with the Pending that holds its call (or the failure
+        that kept it home: the link down, `dst` unknown)."""
+        label = f"{dst} stream"
+        with self._lock:
+            try:
+                stub, address = self._open_locked(dst, what)
+            except LinkFailure as e:
+                return None, Pending(None, what, label, "", 0.0, failure=e)
+        stream = LinkStream(stub, timeout_s)
+        stream.call.add_done_callback(self._wake_on_failure)
+        return stream, Pending(stream.call, what, label, address, timeout_s)
+
+    def _next_id(self) -> str:
+        with self._lock:
+            return f"{self._id_prefix}-{next(self._ids)}"
+
     def _wake_on_failure(self, call: grpc.Future[link_pb2.TransferAck]) -> None:
         if call.cancelled() or call.exception() is not None:
             self.mailbox.wake()
@@ -251,3 +279,53 @@ class LinkEndpoint:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class Outbox:
+    """One collective's sends of at most DELIVER_MAX_BYTES each (timing-only ones too),
+    on one Transfer stream per peer, opened at its first send and ended by `wait`.
+    Payloads are copied when sent. A link marked down fails the sends after it, as
+    `start_all` would; a stream that fails fails every transfer on it."""
+
+    def __init__(self, endpoint: LinkEndpoint, timeout_s: float) -> None:
+        self._endpoint = endpoint
+        self._timeout_s = timeout_s
+        self._streams: dict[str, LinkStream | None] = {}  # peer -> its stream
+        self._pending: list[Pending] = []  # every stream's call, or the failure instead
+
+    def send(self, t: OutgoingTransfer) -> None:
+        """Check `t` (InvalidRequest) and put it on its peer's stream."""
+        me = self._endpoint.socket_id
+        data = sending.check(me, t)
+        what = f"{me} -> {t.dst}: transfers of {t.tag!r}"
+        if self._endpoint.link_down(t.dst):
+            failure = LinkFailure(f"{what} dropped: the link is down (fault injected)")
+            self._pending.append(Pending(None, what, t.dst, "", 0.0, failure=failure))
+            return
+        if t.dst not in self._streams:
+            stream, pending = self._endpoint._stream(t.dst, what, self._timeout_s)
+            self._streams[t.dst] = stream
+            self._pending.append(pending)
+        stream = self._streams[t.dst]
+        if stream is not None:
+            stream.put(t.header(self._endpoint._next_id(), me, data is None), data)
+
+    def failure(self) -> LinkFailure | None:
+        """The first failure among the streams that have ended; never waits."""
+        return Sends(self._pending).failure()
+
+    def wait(self) -> None:
+        """End every stream and wait until each peer has all of its transfers; raise
+        the first failure."""
+        self._close()
+        Sends(self._pending).wait()
+
+    def cancel(self) -> None:
+        """Give up: end and cancel every stream."""
+        self._close()
+        Sends(self._pending).cancel()
+
+    def _close(self) -> None:
+        for stream in self._streams.values():
+            if stream is not None:
+                stream.close()

@@ -61,6 +61,9 @@ class LinkServicer:
         request_iterator: Iterator[wire.Chunk],
         context: grpc.ServicerContext,
     ) -> link_pb2.TransferAck:
+        """One transfer, or several in turn (a collective's messages to this socket on
+        one stream): each a header, then its data; each stored as soon as its data is
+        all in. The acknowledgement is the last transfer's, with every byte received."""
         me = self.socket_id
         invalid = grpc.StatusCode.INVALID_ARGUMENT
         first = next(request_iterator, _END)
@@ -74,25 +77,36 @@ class LinkServicer:
             )
             _abort(context, invalid, f"{me}: the first chunk must be a header, got {got}")
         h = first
-        self._admit(h, context)
-        total = h.total_bytes
-        # The chunks are kept as gRPC handed them over (views, no copy): the consumer
-        # reads them in order (Message.parts).
-        parts: list[memoryview | bytes] = []
-        received = 0
-        for chunk in request_iterator:
-            if isinstance(chunk, link_pb2.TransferHeader):
-                _abort(context, invalid, f"{me}: a header repeated after the first chunk")
-            if not chunk:  # an empty chunk
-                continue
-            n = len(chunk)
-            if h.timing_only or received + n > total:
-                self._check_size(h, received + n, context)  # aborts: data not declared
-            parts.append(chunk)
-            received += n
-        if not h.timing_only:
+        total_received = 0
+        while True:
+            self._admit(h, context)
+            # The chunks are kept as gRPC handed them over (views, no copy): the
+            # consumer reads them in order (Message.parts).
+            parts: list[memoryview | bytes] = []
+            received = 0
+            while not h.timing_only and received < h.total_bytes:
+                chunk = _data(request_iterator, context, me)
+                if chunk is None:
+                    break  # the stream ended short: the size check says so
+                if received + len(chunk) > h.total_bytes:
+                    self._check_size(h, received + len(chunk), context)  # aborts
+                parts.append(chunk)
+                received += len(chunk)
             self._check_size(h, received, context)
-        return self._store(h, None if h.timing_only else tuple(parts), received, context)
+            # Stored as soon as its declared bytes are in: a stream's next transfer may
+            # wait on the receiver's answer to this one (a ring's next step).
+            ack = self._store(h, None if h.timing_only else tuple(parts), received, context)
+            total_received += received
+            following = next((c for c in request_iterator if c), None)  # empty: nothing
+            if following is None:
+                break
+            if not isinstance(following, link_pb2.TransferHeader):
+                # Data beyond what the header declared: _check_size aborts the call.
+                self._check_size(h, received + len(following), context)
+                break
+            h = following
+        ack.bytes_received = total_received
+        return ack
 
     def Deliver(  # noqa: N802 (gRPC method name)
         self, request: wire.Delivered, context: grpc.ServicerContext
@@ -286,6 +300,24 @@ def _handlers(servicer: LinkServicer) -> grpc.GenericRpcHandler:
             ),
         },
     )
+
+
+def _data(
+    request_iterator: Iterator[wire.Chunk], context: grpc.ServicerContext, me: str
+) -> memoryview | bytes | None:
+    """The next non-empty data chunk of a transfer, None at the stream's end; a header
+    before the transfer's data is all in is INVALID_ARGUMENT."""
+    for chunk in request_iterator:
+        if isinstance(chunk, link_pb2.TransferHeader):
+            _abort(
+                context,
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"{me}: a header came before transfer data declared by the previous header "
+                "was all in",
+            )
+        if chunk:
+            return chunk
+    return None
 
 
 def _abort(context: grpc.ServicerContext, code: grpc.StatusCode, details: str) -> NoReturn:
