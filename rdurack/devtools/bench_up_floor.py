@@ -73,11 +73,12 @@ def up_s(agents: int = 2, sockets: int = 8) -> float:
                     proc.wait()
 
 
-def _serve() -> str:
+def _serve() -> tuple[grpc.Server, str]:
+    """A bare gRPC server, serving (kept by the caller: a dropped one stops)."""
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
-    return f"127.0.0.1:{port}"
+    return server, f"127.0.0.1:{port}"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -92,8 +93,9 @@ def main(argv: list[str] | None = None) -> None:
         stopped.set()
 
     signal.signal(signal.SIGTERM, stop)
+    server: grpc.Server | None = None
     if args.role == "server":
-        address = _serve()
+        server, address = _serve()
     else:
         start_ray(args.ray_address or None)
         signal.signal(signal.SIGTERM, stop)  # again: Ray's core worker installs its own
@@ -101,9 +103,11 @@ def main(argv: list[str] | None = None) -> None:
         if args.role == "agent":
             actors = [BareActor.remote() for _ in range(args.sockets)]
             ray.get([a.ready.remote() for a in actors])
-            address = _serve()
+            server, address = _serve()
     print(f"{args.role} ready at {address}", flush=True)
     stopped.wait()
+    if server is not None:
+        server.stop(0)
     if args.role != "server":
         ray.shutdown()  # the head's: stops the Ray processes it started
 
