@@ -19,13 +19,16 @@ pytestmark = pytest.mark.integration
 def _train(address: list[str], world_size: int) -> Any:
     done = rdu(
         "submit", "train", "--world-size", str(world_size), "--steps", "3",
-        "--global-batch", "128", "--wait", "--json", "--timeout", "400", *address,
-        timeout=450,
+        "--global-batch", "128", "--wait", "--json", "--timeout", "600", *address,
+        timeout=650,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
 
 
+# The whole takes 207-228 s on this 2-core machine when it is quiet (32 socket processes
+# start the training stack on 2 cores): beyond the suite's 300 s when others load it.
+@pytest.mark.timeout(1500)
 def test_two_racks_run_a_32_rank_ddp_job(tmp_path: Path) -> None:
     state = tmp_path / "state"
     port = free_port()
