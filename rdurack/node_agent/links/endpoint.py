@@ -176,7 +176,7 @@ class LinkEndpoint:
                 stub, address = self._open_locked(t.dst, what)
             except LinkFailure as e:
                 return Pending(None, what, label, "", 0.0, failure=e)
-            transfer_id = f"{self._id_prefix}-{next(self._ids)}"
+            transfer_id = self._next_id_locked()
         call = stub.start(t.header(transfer_id, self.socket_id, data is None), data, timeout_s)
         # A failed send wakes this socket's receive, which may be waiting on a reply that
         # now never comes (Socket._execute gives up on it).
@@ -203,7 +203,17 @@ class LinkEndpoint:
 
     def _next_id(self) -> str:
         with self._lock:
-            return f"{self._id_prefix}-{next(self._ids)}"
+            return self._next_id_locked()
+
+    def _next_id_locked(self) -> str:
+        """A transfer id unique to this endpoint; call with self._lock held."""
+        return f"{self._id_prefix}-{next(self._ids)}"
+
+    def _check_link(self, dst: str, what: str) -> None:
+        """LinkFailure, naming `what`, when a send to `dst` could not go out now (the
+        endpoint closed, the link down, `dst` unknown): `_open_locked`'s checks."""
+        with self._lock:
+            self._open_locked(dst, what)
 
     def _wake_on_failure(self, call: grpc.Future[link_pb2.TransferAck]) -> None:
         if call.cancelled() or call.exception() is not None:
@@ -298,11 +308,13 @@ class Outbox:
         me = self._endpoint.socket_id
         data = sending.check(me, t)
         what = f"{me} -> {t.dst}: transfers of {t.tag!r}"
-        if self._endpoint.link_down(t.dst):
-            failure = LinkFailure(f"{what} dropped: the link is down (fault injected)")
-            self._pending.append(Pending(None, what, t.dst, "", 0.0, failure=failure))
-            return
-        if t.dst not in self._streams:
+        if t.dst in self._streams:  # a new stream's opening makes the same checks
+            try:
+                self._endpoint._check_link(t.dst, what)
+            except LinkFailure as e:
+                self._pending.append(Pending(None, what, t.dst, "", 0.0, failure=e))
+                return
+        else:
             stream, pending = self._endpoint._stream(t.dst, what, self._timeout_s)
             self._streams[t.dst] = stream
             self._pending.append(pending)
