@@ -36,6 +36,11 @@ from rdurack.workloads.coe.spec import MAX_PROMPT_CHARS, MAX_REQUESTS
 from rdurack.workloads.training.job import MAX_LOOP_BYTES
 
 JOB_SERVICE = job_pb2.DESCRIPTOR.services_by_name["JobService"].full_name
+# Answered from the store at once (never waiting on a stream, the rack or the leader):
+# they run on a small pool of their own (api/quick_calls.py).
+QUICK_METHODS = frozenset(
+    f"/{JOB_SERVICE}/{m}" for m in ("SubmitJob", "GetJob", "ListJobs", "CancelJob")
+)
 MAX_PAGE = 1000
 MAX_ID = 200  # characters: ids, request ids, names, cancel reasons
 
@@ -223,4 +228,5 @@ def serve_api(
         max_receive_bytes=JOB_MAX_REQUEST_BYTES,
         health_port=health_port,
         workers=workers,
+        quick=QUICK_METHODS,
     )

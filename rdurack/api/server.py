@@ -12,7 +12,7 @@ TLS port, and this one opens nothing of the API.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from concurrent import futures
 from typing import Any
 
@@ -21,6 +21,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from opentelemetry import trace
 
+from rdurack.api.quick_calls import QuickCalls
 from rdurack.api.retry import IDEMPOTENT, service_config
 from rdurack.security.auth import Authenticator
 from rdurack.security.guard import Bounds, RequestGuard
@@ -55,18 +56,25 @@ class Server:
         bounds: Bounds = RACK_BOUNDS,
         max_receive_bytes: int = MAX_MESSAGE_BYTES,
         health_port: int | None = None,
+        quick: Collection[str] = (),
     ) -> None:
         """`services`: (full service name, a function adding its servicer to a server).
         `tracer_provider`: where RPC spans go (default: the process's global one).
         `tls`, `rack_peers`, `health_port`: the module docstring. `auth`: bearer tokens
         required by every service but health (None or open: no tokens). `bounds`: the
         limits every request's fields must keep; `max_receive_bytes`: the largest request
-        message (gRPC answers RESOURCE_EXHAUSTED above it)."""
+        message (gRPC answers RESOURCE_EXHAUSTED above it). `quick`: the methods
+        ('/package.Service/Method') run on a small pool of their own (quick_calls.py);
+        `workers` threads run every other call."""
         if rack_peers and tls is None:
             raise ValueError("rack_peers needs TLS: mutual TLS is how peers are known")
         # Tracing outermost: its span also covers requests the guards refuse. Then who
         # calls (certificate, token), then what they sent (decoding, bounds).
         interceptors: list[grpc.ServerInterceptor] = [ServerTracing(tracer_provider)]
+        # Before it: gRPC picks a call's pool on the outermost interceptor's handler.
+        self._quick = QuickCalls(quick) if quick else None
+        if self._quick is not None:
+            interceptors.insert(0, self._quick)
         if rack_peers and tls is not None:
             interceptors.append(tls.rack_peers())
         token_check = auth.interceptor() if auth is not None else None
@@ -115,6 +123,8 @@ class Server:
     def stop(self, grace_s: float = 1.0) -> None:
         self.health.enter_graceful_shutdown()
         self.server.stop(grace_s).wait()
+        if self._quick is not None:
+            self._quick.close()
         if self._health_server is not None:
             self._health_server.stop(0).wait()
 

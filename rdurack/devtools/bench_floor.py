@@ -13,9 +13,10 @@ orchestrator:
 What it leaves out is what the orchestrator adds on top of gRPC and the store: tracing,
 the request guard, tokens, the spec's conversion and validation (the spec is converted
 once, at start), quotas, waking the scheduler and the watchers, the job's full answer,
-and the rack's own work. Its thread pool is the orchestrator's size (SERVER_WORKERS),
-so that both meet the load with the same threads. It prints `floor ready at HOST:PORT`
-once it serves and stops on SIGTERM.
+and the rack's own work. Its threads are the orchestrator's: SubmitJob runs on a pool
+of QUICK_WORKERS of its own (api/quick_calls.py), WatchJob on the server's pool of
+SERVER_WORKERS, so that both meet the load with the same threads. It prints
+`floor ready at HOST:PORT` once it serves and stops on SIGTERM.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from concurrent import futures
 
 import grpc
 
+from rdurack.api.quick_calls import QUICK_WORKERS, InPool
 from rdurack.devtools.bench_loadgen import small_job
 from rdurack.orchestrator.store import JobStore
 from rdurack.processes.orchestrator_main import SERVER_WORKERS
@@ -40,8 +42,10 @@ JOB_SERVICE = job_pb2.DESCRIPTOR.services_by_name["JobService"].full_name
 PLATFORM = "sn40l-rack16"  # the bench rack's, which the orchestrator stamps on each spec
 
 
-def serve(store: JobStore, host: str = "127.0.0.1", port: int = 0) -> tuple[grpc.Server, str]:
-    """A started bare server on `store`, and its address."""
+def serve(
+    store: JobStore, quick: futures.ThreadPoolExecutor, host: str = "127.0.0.1", port: int = 0
+) -> tuple[grpc.Server, str]:
+    """A started bare server on `store`, SubmitJob on `quick`, and its address."""
     spec = jc.spec_from_proto(small_job("floor").spec, PLATFORM)
 
     def submit(
@@ -62,7 +66,7 @@ def serve(store: JobStore, host: str = "127.0.0.1", port: int = 0) -> tuple[grpc
         JOB_SERVICE,
         {
             "SubmitJob": grpc.unary_unary_rpc_method_handler(
-                submit,
+                InPool(submit, quick),
                 request_deserializer=job_pb2.SubmitJobRequest.FromString,
                 response_serializer=job_pb2.SubmitJobResponse.SerializeToString,
             ),
@@ -87,8 +91,9 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    quick = futures.ThreadPoolExecutor(max_workers=QUICK_WORKERS)
     with JobStore(args.store) as store:
-        server, address = serve(store, port=args.port)
+        server, address = serve(store, quick, port=args.port)
         # As the orchestrator does once it serves (processes/orchestrator_main.py): what
         # start-up made, frozen out of the collector's reach. Without it the floor's
         # full collections, walking every module and object start-up made, set its p99
@@ -97,6 +102,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"floor ready at {address}", flush=True)
         stop.wait()
         server.stop(1.0).wait()
+        quick.shutdown(wait=True)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ import statistics
 import subprocess
 import threading
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, cast
 
@@ -42,8 +43,8 @@ from rdurack.processes import children
 @pytest.fixture
 def floor(tmp_path: Path) -> Iterator[tuple[str, JobStore]]:
     """The bare floor server on a SQLite store of its own: its address and the store."""
-    with JobStore(tmp_path / "floor.sqlite") as store:
-        server, address = serve(store)
+    with JobStore(tmp_path / "floor.sqlite") as store, ThreadPoolExecutor(4) as quick:
+        server, address = serve(store, quick)
         try:
             yield address, store
         finally:
@@ -80,8 +81,12 @@ def test_a_load_on_two_servers_sends_each_slice_to_one_in_turn(tmp_path: Path) -
         while due < seconds:
             expected[turns.at(due)] += 1
             due += rng.expovariate(rate / CLIENTS)
-    with JobStore(tmp_path / "a.sqlite") as a, JobStore(tmp_path / "b.sqlite") as b:
-        servers = [serve(a), serve(b)]
+    with (
+        JobStore(tmp_path / "a.sqlite") as a,
+        JobStore(tmp_path / "b.sqlite") as b,
+        ThreadPoolExecutor(4) as quick,
+    ):
+        servers = [serve(a, quick), serve(b, quick)]
         addresses = [x for _, x in servers]
         try:
             outs = asyncio.run(open_loop(addresses, rate, seconds, seed, slice_s))
