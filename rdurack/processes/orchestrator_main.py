@@ -39,6 +39,9 @@ processes/settings.py says); a value it cannot take is one line on stderr, exit 
                                              (default HOST:PORT, its address)
     --lease-ttl   RDURACK_LEASE_TTL          seconds a silent leader keeps the lease
                                              before another replica takes over (default 5)
+    --dead-after  RDURACK_DEAD_AFTER         seconds a node agent or socket may be silent
+                                             before it counts as down (default 2; raise it
+                                             on a machine loaded beyond its cores)
 
 It prints one line saying whether it serves TLS and requires tokens, one saying whether
 it leads or follows (docs/control-plane.md, "Replicas"), and one line
@@ -65,6 +68,7 @@ from rdurack.api.rack_service import Joining
 from rdurack.api.server import security_notice
 from rdurack.errors import RdurackError
 from rdurack.orchestrator.fault_injector import FaultInjector
+from rdurack.orchestrator.health import DEAD_AFTER_S
 from rdurack.orchestrator.leadership import LEASE_TTL_S
 from rdurack.orchestrator.orchestrator import Orchestrator
 from rdurack.orchestrator.store import JobStore
@@ -108,6 +112,7 @@ class OrchestratorSettings(TlsSettings):
     health_port: int | None = Field(None, ge=0, le=65535)
     replica: str = ""  # empty: `replica_name`
     lease_ttl: float = Field(LEASE_TTL_S, gt=0)
+    dead_after: float = Field(DEAD_AFTER_S, gt=0)
 
     @property
     def replica_name(self) -> str:
@@ -152,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         quotas=auth.quotas(),
         replica=args.replica_name,
         lease_ttl_s=args.lease_ttl,
+        dead_after_s=args.dead_after,
     )
     recovered = orchestrator.start()
     try:

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 CLI = [sys.executable, "-m", "rdurack.cli.main"]
@@ -19,9 +20,17 @@ ENV = {
 }
 
 
-def rdu(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def rdu(
+    *args: str, timeout: float = 120, env: Mapping[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """`rdu ARGS` in ENV, with `env` over it."""
     return subprocess.run(
-        [*CLI, *args], capture_output=True, text=True, env=ENV, timeout=timeout, check=False
+        [*CLI, *args],
+        capture_output=True,
+        text=True,
+        env={**ENV, **(env or {})},
+        timeout=timeout,
+        check=False,
     )
 
 

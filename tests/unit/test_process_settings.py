@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from rdurack.orchestrator.health import DEAD_AFTER_S
 from rdurack.processes import node_agent_main, orchestrator_main, ray_head
 from rdurack.processes.node_agent_main import NodeAgentSettings
 from rdurack.processes.orchestrator_main import OrchestratorSettings
@@ -28,6 +29,7 @@ VARIABLES = (
     "RDURACK_RECOVERY",
     "RDURACK_CHECKPOINT_DIR",
     "RDURACK_METRICS_PORT",
+    "RDURACK_DEAD_AFTER",
     "RDURACK_TOKENS",
     "RDURACK_HEALTH_PORT",
     "RDURACK_NODE_INDEX",
@@ -56,7 +58,7 @@ def test_the_defaults_are_todays() -> None:
     assert (o.agent_addresses, o.state_dir, o.host, o.port) == ([], Path(".state"), LOOPBACK, 50051)
     assert (o.platform, o.spec, o.recovery, o.checkpoint_dir) == (RACK16, None, "retry", None)
     assert (o.metrics_port, o.tokens, o.health_port, o.tls()) == (None, None, None, None)
-    assert (o.tls_rack_identity, o.store) == ("rdurack-rack", "")
+    assert (o.tls_rack_identity, o.store, o.dead_after) == ("rdurack-rack", "", DEAD_AFTER_S)
     a = load(NodeAgentSettings, [])
     assert (a.node_index, a.platform, a.spec, a.ray_address) == (0, RACK16, None, "")
     assert (a.host, a.port, a.time_scale, a.health_port) == (LOOPBACK, 0, 0.0, None)
@@ -68,13 +70,13 @@ def test_flags_and_variables_both_set_every_setting(monkeypatch: pytest.MonkeyPa
         [
             *("--agents", "a:1, b:2", "--port", "7", "--spec", "s.yaml", "--recovery=fail"),
             *("--metrics-port", "9100", "--tls-rack-identity", "rack-b"),
-            *("--store", "postgresql://db/jobs"),
+            *("--store", "postgresql://db/jobs", "--dead-after", "10"),
         ],
     )
     assert flags.agent_addresses == ["a:1", "b:2"]
     assert (flags.port, flags.spec, flags.recovery) == (7, Path("s.yaml"), "fail")
     assert (flags.metrics_port, flags.tls_rack_identity) == (9100, "rack-b")
-    assert flags.store == "postgresql://db/jobs"
+    assert (flags.store, flags.dead_after) == ("postgresql://db/jobs", 10.0)
     for name, value in {
         "RDURACK_AGENTS": "a:1,b:2",
         "RDURACK_ORCHESTRATOR_PORT": "8",
@@ -83,6 +85,7 @@ def test_flags_and_variables_both_set_every_setting(monkeypatch: pytest.MonkeyPa
         "RDURACK_METRICS_PORT": "9101",
         "RDURACK_TLS_RACK_IDENTITY": "rack-c",
         "RDURACK_STORE": "/var/lib/rdurack/jobs.sqlite",
+        "RDURACK_DEAD_AFTER": "7.5",
         "RDURACK_NODE_INDEX": "1",
         "RDURACK_AGENT_PORT": "50061",
         "RDURACK_TIME_SCALE": "0.5",
@@ -93,7 +96,7 @@ def test_flags_and_variables_both_set_every_setting(monkeypatch: pytest.MonkeyPa
     assert variables.agent_addresses == ["a:1", "b:2"]
     assert (variables.port, variables.spec, variables.recovery) == (8, Path("t.yaml"), "fail")
     assert (variables.metrics_port, variables.tls_rack_identity) == (9101, "rack-c")
-    assert variables.store == "/var/lib/rdurack/jobs.sqlite"
+    assert (variables.store, variables.dead_after) == ("/var/lib/rdurack/jobs.sqlite", 7.5)
     agent = load(NodeAgentSettings, [])
     assert (agent.node_index, agent.port, agent.time_scale, agent.ray_address) == (
         1,
