@@ -248,8 +248,8 @@ class CollectiveEngine:
                     msg = self._endpoint.receive(tag, index, str(s.src), timeout_s, give_up=failed)
                     clock.advance_to(msg.arrival_ns)
                     traffic.bytes_received += s.nbytes
-                    if buffer is not None and msg.parts is not None:
-                        _apply(carried(buffer, s), msg, combine if s.reduce else None)
+                    if buffer is not None:
+                        _apply(carried(buffer, s), msg, combine if s.reduce else None, timeout_s)
             outbox.wait()
             for sends in pending:
                 sends.wait()
@@ -342,18 +342,18 @@ def carried(buffer: np.ndarray, send: ScheduledSend) -> np.ndarray:
     return chunk[lo : lo + subs[send.sub]]
 
 
-def _apply(target: np.ndarray, msg: Message, combine: np.ufunc | None) -> None:
+def _apply(target: np.ndarray, msg: Message, combine: np.ufunc | None, timeout_s: float) -> None:
     """Combine (`combine`: add, max, ...) or copy a received message's data into
-    `target`, part by part as it arrived: no copy of the whole message first."""
-    parts = msg.parts or ()
-    if any(len(p) % target.itemsize for p in parts[:-1]):
-        parts = (msg.payload or b"",)  # parts not on element boundaries: join them
+    `target`, piece by piece as it arrives (mailbox.Parts): no copy of the whole message
+    first, and none after its last byte but the last chunk's."""
+    if msg.parts is None:
+        return
     offset = 0
-    for part in parts:
-        incoming = np.frombuffer(part, dtype=target.dtype)
-        piece = target[offset : offset + incoming.size]
+    for piece in msg.parts.read(timeout_s, multiple=target.itemsize):
+        incoming = np.frombuffer(piece, dtype=target.dtype)
+        part = target[offset : offset + incoming.size]
         if combine is not None:
-            combine(piece, incoming, out=piece)
+            combine(part, incoming, out=part)
         else:
-            piece[...] = incoming
+            part[...] = incoming
         offset += incoming.size

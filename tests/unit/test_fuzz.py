@@ -228,7 +228,7 @@ def test_the_link_still_serves_and_refuses_oversized_messages(
     try:
         peer.connect({endpoint.socket_id: endpoint.address})
         assert peer.send(endpoint.socket_id, "ok", 0, 0, 5, 4, b"abcd") == 4
-        assert endpoint.receive("ok", 0, "rdu-n0-s1", timeout_s=5).payload == b"abcd"
+        assert endpoint.receive("ok", 0, "rdu-n0-s1", timeout_s=5).payload(5.0) == b"abcd"
     finally:
         peer.close()
 

@@ -16,7 +16,7 @@ import pytest
 from rdurack.errors import InvalidRequest, LinkFailure
 from rdurack.node_agent.links import endpoint as endpoint_module
 from rdurack.node_agent.links.endpoint import LinkEndpoint
-from rdurack.node_agent.links.mailbox import Mailbox, Message
+from rdurack.node_agent.links.mailbox import Mailbox, Message, Parts
 from rdurack.node_agent.links.sending import (
     CHUNK_BYTES,
     DELIVER_MAX_BYTES,
@@ -71,8 +71,9 @@ def test_functional_payload_arrives_intact_in_chunks(trio: tuple[LinkEndpoint, .
     assert (msg.arrival_ns, msg.nbytes, msg.dtype, msg.shape) == (
         5_000, array.nbytes, "float32", (1280, 1024),
     )  # fmt: skip
-    assert msg.payload is not None
-    back = np.frombuffer(msg.payload, dtype=msg.dtype).reshape(msg.shape)
+    payload = msg.payload(1.0)
+    assert payload is not None
+    back = np.frombuffer(payload, dtype=msg.dtype).reshape(msg.shape)
     np.testing.assert_array_equal(back, array)
     assert b.mailbox.pending() == 0
 
@@ -87,8 +88,9 @@ def test_payload_arrives_intact_either_side_of_the_unary_cut(
     got = a.send(B, "cut", 0, 0, 1, nbytes, data.data, "uint8", (nbytes,))
     assert got == nbytes
     msg = b.receive("cut", 0, A, timeout_s=1.0)
-    assert msg.payload is not None and len(msg.payload) == nbytes
-    np.testing.assert_array_equal(np.frombuffer(msg.payload, dtype=np.uint8), data)
+    payload = msg.payload(1.0)
+    assert payload is not None and len(payload) == nbytes
+    np.testing.assert_array_equal(np.frombuffer(payload, dtype=np.uint8), data)
 
 
 def test_timing_only_transfer_carries_no_payload(trio: tuple[LinkEndpoint, ...]) -> None:
@@ -97,7 +99,7 @@ def test_timing_only_transfer_carries_no_payload(trio: tuple[LinkEndpoint, ...])
     assert got == 0
     msg = b.receive("t", 0, A, timeout_s=1.0)
     assert msg.nbytes == 10**9
-    assert msg.payload is None
+    assert msg.payload(1.0) is None
     assert msg.arrival_ns == 10**9
 
 
@@ -108,7 +110,7 @@ def test_send_all_delivers_to_two_peers_concurrently(trio: tuple[LinkEndpoint, .
         OutgoingTransfer(C, "bc", 1, 0, 20, 0, None),
     ]
     assert a.send_all(sends, timeout_s=2.0) == [8, 0]
-    assert b.receive("bc", 1, A, 1.0).payload == b"\x01" * 8
+    assert b.receive("bc", 1, A, 1.0).payload(1.0) == b"\x01" * 8
     assert c.receive("bc", 1, A, 1.0).arrival_ns == 20
 
 
@@ -153,7 +155,7 @@ def test_link_down_fails_at_once_and_recovers(trio: tuple[LinkEndpoint, ...]) ->
     a.set_link_down(B, down=False)
     assert not a.link_down(B)
     assert a.send(B, "d", 0, 0, 1, 3, b"abc") == 3
-    assert b.receive("d", 0, A, 1.0).payload == b"abc"
+    assert b.receive("d", 0, A, 1.0).payload(1.0) == b"abc"
 
 
 def test_send_to_closed_peer_is_a_link_failure(trio: tuple[LinkEndpoint, ...]) -> None:
@@ -260,7 +262,36 @@ def test_more_bytes_than_declared_is_invalid_argument(trio: tuple[LinkEndpoint, 
         with pytest.raises(grpc.RpcError) as info:
             stub.Transfer(iter(chunks), timeout=2)
         assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert b.mailbox.pending() == 0
+    # The socket had the transfer at its header; reading it says why it failed.
+    with pytest.raises(LinkFailure, match="carries more than the 2 bytes"):
+        b.receive("", 0, A, timeout_s=1).payload(1.0)
+
+
+def test_a_stream_that_breaks_off_fails_the_socket_reading_it(
+    trio: tuple[LinkEndpoint, ...],
+) -> None:
+    """The sender gives up mid-transfer (its call cancelled): the receiving socket,
+    already reading, fails at once instead of waiting out its timeout."""
+    _, b, _ = trio
+    more = threading.Event()
+
+    def chunks() -> Iterator[link_pb2.TransferChunk]:
+        yield _header("cut-0", 0, 4)
+        yield link_pb2.TransferChunk(data=b"ab")
+        more.wait(timeout=10)  # never set: the call is cancelled while it waits
+
+    with _raw_stub(b) as stub:
+        call = stub.Transfer.future(chunks(), timeout=20)
+        msg = b.receive("s", 0, A, timeout_s=10)
+        assert msg.parts is not None
+        pieces = msg.parts.read(timeout_s=30)
+        assert bytes(next(pieces)) == b"ab"
+        started = time.monotonic()
+        call.cancel()
+        with pytest.raises(LinkFailure, match="broke off after 2 of 4 bytes"):
+            next(pieces)
+        assert time.monotonic() - started < 10  # the failure, not the 30 s timeout
+        more.set()
 
 
 def test_duplicate_transfer_id_is_already_exists(trio: tuple[LinkEndpoint, ...]) -> None:
@@ -319,7 +350,7 @@ def test_deliver_and_transfer_share_the_duplicate_check(
         with pytest.raises(grpc.RpcError) as info:  # the same id again, streamed
             stub.Transfer(iter([link_pb2.TransferChunk(header=request.header)]), timeout=2)
         assert info.value.code() == grpc.StatusCode.ALREADY_EXISTS
-    assert b.receive("u", 0, A, 1.0).payload == b"ab"
+    assert b.receive("u", 0, A, 1.0).payload(1.0) == b"ab"
 
 
 def test_ping_returns_peer_id_and_clock(trio: tuple[LinkEndpoint, ...]) -> None:
@@ -394,6 +425,42 @@ def test_mailbox_abort_fails_waits_until_reset() -> None:
     assert box.take("t", 0, "rdu-n0-s1", timeout_s=1).arrival_ns == 1
 
 
+def test_parts_are_read_as_they_arrive_and_end_with_the_last() -> None:
+    parts = Parts(complete=False)
+    parts.add(b"ab")
+    pieces = parts.read(timeout_s=10)
+    assert next(pieces) == b"ab"  # before the rest is in
+
+    def rest() -> None:
+        parts.add(b"cd")
+        parts.finish()
+
+    threading.Timer(0.05, rest).start()
+    assert list(pieces) == [b"cd"]  # waits for it, then ends
+    assert parts.join(1.0) == b"abcd"  # read again, whole
+
+
+def test_parts_reading_fails_with_the_transfer_or_after_a_silence() -> None:
+    parts = Parts(complete=False)
+    parts.add(b"ab")
+    parts.fail("the stream broke")
+    with pytest.raises(LinkFailure, match="the stream broke"):
+        list(parts.read(timeout_s=10))
+    silent = Parts(complete=False)
+    with pytest.raises(LinkFailure, match=r"nothing more within 0.05 s after 0 chunks"):
+        list(silent.read(timeout_s=0.05))
+
+
+@pytest.mark.parametrize("cuts", [(0, 16, 40), (0, 6, 40), (0, 6, 7, 9, 40), (0, 1, 2, 3, 40)])
+def test_parts_read_in_whole_elements_however_they_were_cut(cuts: tuple[int, ...]) -> None:
+    """A foreign sender may cut inside an element: the element's bytes are joined."""
+    raw = np.arange(10, dtype=np.float32).tobytes()
+    parts = Parts(raw[lo:hi] for lo, hi in itertools.pairwise(cuts))
+    pieces = [bytes(p) for p in parts.read(timeout_s=1, multiple=4)]
+    assert all(len(p) % 4 == 0 and p for p in pieces)
+    assert b"".join(pieces) == raw
+
+
 def test_streamed_payload_is_kept_in_the_chunks_it_came_in(
     trio: tuple[LinkEndpoint, ...],
 ) -> None:
@@ -402,13 +469,13 @@ def test_streamed_payload_is_kept_in_the_chunks_it_came_in(
     data = np.arange(3 * CHUNK_BYTES // 4 + 5, dtype=np.float32)
     a.send(B, "parts", 0, 0, 1, data.nbytes, data.data, dtype="float32")
     msg = b.receive("parts", 0, A, 2.0)
-    assert msg.parts is not None and [len(p) for p in msg.parts] == [
+    assert msg.parts is not None and [len(p) for p in msg.parts.read(2.0)] == [
         CHUNK_BYTES,
         CHUNK_BYTES,
         CHUNK_BYTES,
         20,
     ]
-    assert msg.payload == data.tobytes()  # joined on demand
+    assert msg.payload(1.0) == data.tobytes()  # joined on demand
 
 
 def test_start_all_copies_a_unary_payload_before_it_returns(
@@ -421,7 +488,7 @@ def test_start_all_copies_a_unary_payload_before_it_returns(
     assert not sends.reads_payload
     buffer[:] = b"changed!"
     assert sends.wait() == [8]
-    assert b.receive("copy", 0, A, 2.0).payload == b"before!!"
+    assert b.receive("copy", 0, A, 2.0).payload(1.0) == b"before!!"
 
 
 def test_a_streamed_payload_is_read_until_acknowledged(trio: tuple[LinkEndpoint, ...]) -> None:
@@ -469,19 +536,19 @@ def _header(
     )  # fmt: skip
 
 
-def test_a_stream_carries_several_transfers_each_stored_once_its_bytes_are_in(
+def test_a_stream_carries_several_transfers_each_handed_over_at_its_header(
     trio: tuple[LinkEndpoint, ...],
 ) -> None:
     _, b, _ = trio
-    first_in = threading.Event()
+    taken = threading.Event()
 
     def chunks() -> Iterator[link_pb2.TransferChunk]:
         yield _header("m-0", 0, 3)
         yield link_pb2.TransferChunk(data=b"ab")
+        # The rest waits until the socket has the first transfer: it reads the chunks
+        # while the others are on the wire, not after the last one.
+        taken.wait(timeout=10)
         yield link_pb2.TransferChunk(data=b"c")
-        # The next transfer waits until the first is in the mailbox: the receiver must
-        # store it now, not at the stream's end (a ring's next step needs its answer).
-        first_in.wait(timeout=10)
         yield _header("m-1", 1, 0, timing_only=True)
         yield _header("m-2", 2, 2)
         yield link_pb2.TransferChunk(data=b"de")
@@ -489,11 +556,14 @@ def test_a_stream_carries_several_transfers_each_stored_once_its_bytes_are_in(
     with _raw_stub(b) as stub:
         ack = stub.Transfer.future(chunks(), timeout=20)
         first = b.receive("s", 0, A, timeout_s=10)
-        first_in.set()
+        assert first.parts is not None
+        pieces = first.parts.read(timeout_s=10)
+        assert bytes(next(pieces)) == b"ab"  # in before the stream goes on
+        taken.set()
+        assert [bytes(p) for p in pieces] == [b"c"]
         assert ack.result().bytes_received == 5  # every data byte of the stream
-    assert b"".join(first.parts or ()) == b"abc"
     assert b.receive("s", 1, A, timeout_s=1).parts is None  # timing-only
-    assert b"".join(b.receive("s", 2, A, timeout_s=1).parts or ()) == b"de"
+    assert b.receive("s", 2, A, timeout_s=1).payload(1.0) == b"de"
 
 
 @pytest.mark.parametrize(
@@ -541,7 +611,8 @@ def test_an_outbox_sends_each_peers_transfers_on_one_stream(
     for endpoint in (b, c):
         for step in range(3):
             got = endpoint.receive("o", step, A, timeout_s=5)
-            assert np.frombuffer(b"".join(got.parts or ()), np.float32)[-1] == 299_999
+            payload = got.payload(5.0)
+            assert payload is not None and np.frombuffer(payload, np.float32)[-1] == 299_999
 
 
 def test_an_outbox_fails_the_sends_after_a_link_goes_down(trio: tuple[LinkEndpoint, ...]) -> None:

@@ -36,7 +36,7 @@ def test_members_transfer_over_mutual_tls(members: tuple[LinkEndpoint, LinkEndpo
     sent = a.send(B, "t", 0, 0, 10, data.nbytes, data.data, "float32", data.shape)
     assert sent == data.nbytes
     got = b.receive("t", 0, A, timeout_s=5)
-    assert np.array_equal(np.frombuffer(got.payload or b"", np.float32), data)
+    assert np.array_equal(np.frombuffer(got.payload(5.0) or b"", np.float32), data)
     assert a.send(B, "t", 1, 0, 10, 64, None) == 0  # timing only: the unary call
     assert a.ping(B) == (B, 77)
 

@@ -13,7 +13,7 @@ import pytest
 
 from rdurack.errors import InvalidRequest, LinkFailure, OutOfMemory, SocketBusy
 from rdurack.node_agent.collective_engine import _apply
-from rdurack.node_agent.links.mailbox import Message
+from rdurack.node_agent.links.mailbox import Message, Parts
 from rdurack.node_agent.runs import Run
 from rdurack.node_agent.socket import Socket
 from rdurack.rack.clock import EmulatedClock
@@ -314,11 +314,11 @@ def test_received_parts_apply_in_order_even_off_element_boundaries(reduce: bool)
     that split an element (a foreign sender's chunking) are joined first."""
     values = np.arange(10, dtype=np.float32)
     raw = values.tobytes()
-    for cuts in ((0, 16, 40), (0, 6, 40)):  # on element boundaries, then off them
-        parts = tuple(raw[lo:hi] for lo, hi in itertools.pairwise(cuts))
+    for cuts in ((0, 16, 40), (0, 6, 40), (0, 6, 7, 9, 40)):  # on element boundaries, off
+        parts = Parts(raw[lo:hi] for lo, hi in itertools.pairwise(cuts))
         msg = Message("rdu-n0-s1", "t", 0, 1, len(raw), parts, "float32", (10,))
         target = np.ones(10, dtype=np.float32)
-        _apply(target, msg, np.add if reduce else None)
+        _apply(target, msg, np.add if reduce else None, timeout_s=1.0)
         np.testing.assert_array_equal(target, values + 1 if reduce else values)
 
 

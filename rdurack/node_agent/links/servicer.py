@@ -5,10 +5,11 @@ with TLS, the rack-member check in front). LinkServicer answers on the server's 
 `Transfer` (a header, then data chunks) and `Deliver` (one message) pass the same
 admission (addressed to this socket, a transfer id not seen recently), the same size
 check (exactly the bytes the header declares, none for a timing-only transfer) and are
-stored alike in the socket's thread-safe Mailbox, the data kept as views of what gRPC
-received (no copy); `Ping` answers with the socket's emulated clock. Every refusal is a
-gRPC status with a message naming the socket (and the transfer, once its header is
-read), never UNKNOWN.
+handed alike to the socket through its thread-safe Mailbox, the data kept as views of
+what gRPC received (no copy), a stream's as soon as its header is in (the socket reads
+the chunks while the rest arrive, mailbox.Parts); `Ping` answers with the socket's
+emulated clock. Every refusal is a gRPC status with a message naming the socket (and the
+transfer, once its header is read), never UNKNOWN.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import grpc
 
 from rdurack.errors import LinkFailure
 from rdurack.node_agent.links import wire
-from rdurack.node_agent.links.mailbox import Buffer, Mailbox, Message
+from rdurack.node_agent.links.mailbox import Mailbox, Message, Parts
 from rdurack.security.guard import Bounds, RequestGuard
 from rdurack.security.tls import TlsConfig
 from rdurack.v1 import link_pb2
@@ -80,33 +81,17 @@ class LinkServicer:
         total_received = 0
         while True:
             self._admit(h, context)
-            # The chunks are kept as gRPC handed them over (views, no copy): the
-            # consumer reads them in order (Message.parts).
-            parts: list[memoryview | bytes] = []
-            received = 0
-            while not h.timing_only and received < h.total_bytes:
-                chunk = _data(request_iterator, context, me)
-                if chunk is None:
-                    break  # the stream ended short: the size check says so
-                if received + len(chunk) > h.total_bytes:
-                    self._check_size(h, received + len(chunk), context)  # aborts
-                parts.append(chunk)
-                received += len(chunk)
-            self._check_size(h, received, context)
-            # Stored as soon as its declared bytes are in: a stream's next transfer may
-            # wait on the receiver's answer to this one (a ring's next step).
-            ack = self._store(h, None if h.timing_only else tuple(parts), received, context)
+            received = self._receive(h, request_iterator, context)
             total_received += received
             following = next((c for c in request_iterator if c), None)  # empty: nothing
             if following is None:
                 break
             if not isinstance(following, link_pb2.TransferHeader):
-                # Data beyond what the header declared: _check_size aborts the call.
+                # Data beyond what the header declared: the size check ends the call.
                 self._check_size(h, received + len(following), context)
                 break
             h = following
-        ack.bytes_received = total_received
-        return ack
+        return self._ack(h, total_received)
 
     def Deliver(  # noqa: N802 (gRPC method name)
         self, request: wire.Delivered, context: grpc.ServicerContext
@@ -116,7 +101,45 @@ class LinkServicer:
         data = request.data
         self._check_size(h, len(data), context)
         # The request's bytes are the payload as they came (a view: no copy).
-        return self._store(h, None if h.timing_only else (data,), len(data), context)
+        self._put(h, None if h.timing_only else Parts((data,)), context)
+        return self._ack(h, len(data))
+
+    def _receive(
+        self,
+        h: link_pb2.TransferHeader,
+        request_iterator: Iterator[wire.Chunk],
+        context: grpc.ServicerContext,
+    ) -> int:
+        """One transfer's data off a Transfer stream (its header read); the bytes
+        received. The socket gets the message at once, its data still arriving: the
+        chunks are added as gRPC hands them over (views, no copy), and a stream that
+        ends short, carries too much or breaks fails what the socket reads."""
+        if h.timing_only:
+            self._put(h, None, context)
+            return 0
+        parts = Parts(complete=False)
+        self._put(h, parts, context)
+        received = 0
+        error: str | None = None
+        try:
+            while received < h.total_bytes:
+                chunk = _data(request_iterator, context, self.socket_id)
+                if chunk is None or received + len(chunk) > h.total_bytes:
+                    error = self._size_error(h, received + (0 if chunk is None else len(chunk)))
+                    break
+                parts.add(chunk)
+                received += len(chunk)
+        except BaseException as e:  # the stream broke or was refused: the reader must know
+            parts.fail(
+                f"{self.socket_id}: transfer {h.transfer_id} from {h.src_socket_id} broke off "
+                f"after {received:,} of {h.total_bytes:,} bytes" + (f": {e}" if str(e) else "")
+            )
+            raise
+        if error is not None:
+            parts.fail(error)
+            _abort(context, grpc.StatusCode.INVALID_ARGUMENT, error)
+        parts.finish()
+        return received
 
     def Ping(  # noqa: N802 (gRPC method name)
         self, request: link_pb2.PingRequest, context: grpc.ServicerContext
@@ -163,39 +186,32 @@ class LinkServicer:
     def _check_size(
         self, h: link_pb2.TransferHeader, received: int, context: grpc.ServicerContext
     ) -> None:
-        """INVALID_ARGUMENT unless `received` data bytes are what the header declares:
-        none in timing mode, exactly total_bytes otherwise."""
-        if h.timing_only:
-            if received:
-                _abort(
-                    context,
-                    grpc.StatusCode.INVALID_ARGUMENT,
-                    f"{self.socket_id}: timing-only transfer {h.transfer_id} from "
-                    f"{h.src_socket_id} carries data",
-                )
-            return
-        if received != h.total_bytes:
-            more = received > h.total_bytes
-            _abort(
-                context,
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"{self.socket_id}: transfer {h.transfer_id} from {h.src_socket_id} "
-                + (
-                    f"carries more than the {h.total_bytes:,} bytes its header.total_bytes declares"
-                    if more
-                    else f"carried {received:,} bytes, header.total_bytes declares "
-                    f"{h.total_bytes:,}"
-                ),
-            )
+        """INVALID_ARGUMENT unless `received` data bytes are what the header declares."""
+        if (error := self._size_error(h, received)) is not None:
+            _abort(context, grpc.StatusCode.INVALID_ARGUMENT, error)
 
-    def _store(
-        self,
-        h: link_pb2.TransferHeader,
-        parts: tuple[Buffer, ...] | None,
-        received: int,
-        context: grpc.ServicerContext,
-    ) -> link_pb2.TransferAck:
-        """Put the received transfer in the mailbox; its acknowledgement."""
+    def _size_error(self, h: link_pb2.TransferHeader, received: int) -> str | None:
+        """Why `received` data bytes are not what the header declares (none in timing
+        mode, exactly total_bytes otherwise); None when they are."""
+        where = f"{self.socket_id}: "
+        of = f"{h.transfer_id} from {h.src_socket_id}"
+        if h.timing_only:
+            return f"{where}timing-only transfer {of} carries data" if received else None
+        if received == h.total_bytes:
+            return None
+        if received > h.total_bytes:
+            declared = f"the {h.total_bytes:,} bytes its header.total_bytes declares"
+            return f"{where}transfer {of} carries more than {declared}"
+        return (
+            f"{where}transfer {of} carried {received:,} bytes, header.total_bytes declares "
+            f"{h.total_bytes:,}"
+        )
+
+    def _put(
+        self, h: link_pb2.TransferHeader, parts: Parts | None, context: grpc.ServicerContext
+    ) -> None:
+        """Hand the transfer to the socket through its mailbox (ALREADY_EXISTS for a
+        second message with the same tag, step and sender)."""
         message = Message(
             src=h.src_socket_id,
             tag=h.collective_tag,
@@ -210,6 +226,10 @@ class LinkServicer:
             self._mailbox.put(message)
         except LinkFailure as e:  # the same (tag, step, src) twice: a protocol error
             _abort(context, grpc.StatusCode.ALREADY_EXISTS, str(e))
+
+    def _ack(self, h: link_pb2.TransferHeader, received: int) -> link_pb2.TransferAck:
+        """The acknowledgement of the call whose last transfer is `h`, `received` data
+        bytes in all."""
         return link_pb2.TransferAck(
             receiver_socket_id=self.socket_id,
             transfer_id=h.transfer_id,
