@@ -86,22 +86,18 @@ class Parts:
 
     def _next(self, index: int, timeout_s: float) -> Buffer | None:
         """Piece `index` once it is in; None after the last."""
-        deadline = time.monotonic() + timeout_s
         with self._cond:
-            while True:
-                if self._failure is not None:
-                    raise LinkFailure(self._failure)
-                if index < len(self._pieces):
-                    return self._pieces[index]
-                if self._complete:
-                    return None
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise LinkFailure(
-                        f"transfer data stopped arriving: nothing more within {timeout_s} s "
-                        f"after {index} chunks"
-                    )
-                self._cond.wait(remaining)
+            if not self._cond.wait_for(
+                lambda: self._failure is not None or index < len(self._pieces) or self._complete,
+                timeout_s,
+            ):
+                raise LinkFailure(
+                    f"transfer data stopped arriving: nothing more within {timeout_s} s "
+                    f"after {index} chunks"
+                )
+            if self._failure is not None:
+                raise LinkFailure(self._failure)
+            return self._pieces[index] if index < len(self._pieces) else None
 
 
 @dataclass(frozen=True, slots=True)
