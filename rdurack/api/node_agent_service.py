@@ -255,6 +255,7 @@ class NodeAgentService(node_agent_pb2_grpc.NodeAgentServiceServicer):
             steps=request.steps,
             start_ns=request.emulated_start_ns or None,
             checkpoint_dir=request.checkpoint_dir,
+            prepare=request.prepare,
         )
         return node_agent_pb2.RunTrainingResponse(
             ranks=[training_convert.report_to_proto(r) for r in reports]

@@ -34,7 +34,7 @@ from rdurack.wire.passes import bundle_to_proto, pass_to_proto
 from rdurack.wire.served import served_to_proto
 from rdurack.workloads.program import Op, ProgramRun
 from rdurack.workloads.serving.stream.pricing import Pass
-from rdurack.workloads.training.job import RankReport, TrainingWorkload
+from rdurack.workloads.training.job import START_TIMEOUT_S, RankReport, TrainingWorkload
 
 TIER_NAMES = {v: k.value for k, v in convert.TIERS.items()}
 # Agent refusals the orchestrator retries later (busy, unreachable); others fail the job.
@@ -309,6 +309,7 @@ class GrpcNodeGateway:
         steps: int = 0,
         start_ns: int = 0,
         checkpoint_dir: str = "",
+        prepare: bool = False,
     ) -> list[RankReport]:
         request = node_agent_pb2.RunTrainingRequest(
             job_id=job_id,
@@ -326,15 +327,14 @@ class GrpcNodeGateway:
             steps=steps,
             emulated_start_ns=start_ns,
             checkpoint_dir=checkpoint_dir,
+            prepare=prepare,
         )
-        reply = self._call(
-            node,
-            f"training of {job_id}",
-            "RunTraining",
-            request,
-            workload.call_timeout_s(self.timeout_s),
-            WORK_RETRYABLE,
-        )
+        # Starting: the agent's own bound, and the call's way there and back.
+        timeout_s = workload.call_timeout_s(self.timeout_s)
+        if prepare:
+            timeout_s = START_TIMEOUT_S + self.timeout_s
+        what = f"starting the ranks of {job_id}" if prepare else f"training of {job_id}"
+        reply = self._call(node, what, "RunTraining", request, timeout_s, WORK_RETRYABLE)
         assert isinstance(reply, node_agent_pb2.RunTrainingResponse)
         return [training_convert.report_from_proto(r) for r in reply.ranks]
 

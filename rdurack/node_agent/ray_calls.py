@@ -46,13 +46,19 @@ def answers(refs: Mapping[str, Any], timeout_s: float) -> dict[str, Any]:
 
 
 def get(
-    refs: list[Any], what: str, node_index: int, timeout_s: float, socket_ids: Sequence[str] = ()
+    refs: list[Any],
+    what: str,
+    node_index: int,
+    timeout_s: float,
+    socket_ids: Sequence[str] = (),
+    *,
+    left_s: float | None = None,
 ) -> list[Any]:
-    """ray.get within `timeout_s` wall seconds; actor failures become RdurackErrors with
-    their cause (naming the dead socket when `socket_ids`, one per ref, say which it is)."""
-    deadline = time.monotonic() + timeout_s
+    """ray.get within `timeout_s` wall seconds (`left_s` of them when some have gone
+    already); actor failures become RdurackErrors with their cause (naming the dead
+    socket when `socket_ids`, one per ref, say which it is)."""
     try:
-        return list(ray.get(refs, timeout=max(0.0, deadline - time.monotonic())))
+        return list(ray.get(refs, timeout=max(0.0, timeout_s if left_s is None else left_s)))
     except GetTimeoutError:
         raise LinkFailure(
             f"node {node_index}: {what} did not finish within {timeout_s:.0f} s"
@@ -96,8 +102,8 @@ def gather(
             abort([sid for sid, r in zip(socket_ids, refs, strict=True) if r in pending])
     left = max(0.0, deadline - time.monotonic())
     if first is not None:  # raises it (the others' errors only echo it)
-        get([first], what, node_index, left, [socket_ids[refs.index(first)]])
-    return get(refs, what, node_index, left, socket_ids)
+        get([first], what, node_index, timeout_s, [socket_ids[refs.index(first)]], left_s=left)
+    return get(refs, what, node_index, timeout_s, socket_ids, left_s=left)
 
 
 def _died(ref: Any) -> bool:

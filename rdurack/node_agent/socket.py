@@ -326,12 +326,14 @@ class Socket(Serving):
         steps: int = 0,
         start_ns: int | None = None,
         checkpoint_dir: str = "",
+        prepare: bool = False,
         carrier: dict[str, str] | None = None,
     ) -> RankReport:
         """Run up to `steps` more steps (0: to the end) of this socket's DDP rank of
         `group` (socket ids in rank order, across nodes). The first call starts the
         rank; later calls continue it. A span covers each segment. Its collectives
-        wait `workload.wall_timeout_s` for a peer, not the socket's timeout."""
+        wait `workload.wall_timeout_s` for a peer, not the socket's timeout.
+        `prepare`: start the rank and run no step (RankRunner.prepare)."""
         self._hold(job_id)
         if self._trainer is None or self._trainer.job_id != job_id:
             from rdurack.node_agent.training.runner import RankRunner  # see the imports
@@ -347,6 +349,8 @@ class Socket(Serving):
             self._trainer = RankRunner(
                 self, job_id, workload, platform_name, group, self._models, checkpoint_dir
             )
+        if prepare:
+            return self._trainer.prepare()
         self._pacer.meet(start_ns)
         report = self._trainer.advance(steps, self._trace, extract(carrier), start_ns)
         self._pacer.pace()

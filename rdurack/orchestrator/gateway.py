@@ -161,10 +161,12 @@ class NodeGateway(Protocol):
         steps: int = 0,
         start_ns: int = 0,
         checkpoint_dir: str = "",
+        prepare: bool = False,
     ) -> list[RankReport]:
         """Run up to `steps` more steps (0: to the end) on this node's ranks (`sockets`)
         of a DDP job whose ranks, in order, are `group` (socket id, link address);
-        `start_ns` (first call) is the job's emulated start. One report per socket."""
+        `start_ns` (first call) is the job's emulated start. One report per socket.
+        `prepare`: start the ranks and run no step (every node's, before any step)."""
         ...
 
     def heartbeat(self, node: int, timeout_s: float) -> NodeBeat:

@@ -129,6 +129,7 @@ ATTR_RANK = "rdurack.train.rank"  # a DDP rank
 ATTR_STEP = "rdurack.train.step"  # optimizer steps done
 ATTR_LOSS = "rdurack.train.loss"  # the rank's local batch loss after a step
 ATTR_STEPS_UNTRACED = "rdurack.train.steps_untraced"  # a segment's steps with no step span
+ATTR_TRAIN_PREPARE = "rdurack.train.prepare"  # a node's call that starts its ranks, no step
 ATTR_BUCKETS = "rdurack.train.buckets"  # gradient buckets all-reduced in a step
 ATTR_ALLREDUCE_NS = "rdurack.train.allreduce_ns"  # gradient all-reduce time, emulated ns
 ATTR_EXPOSED_NS = "rdurack.train.exposed_ns"  # ... the part backward did not hide

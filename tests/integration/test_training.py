@@ -94,7 +94,9 @@ def test_ddp_equals_single_process_training_on_the_global_batch(
 def test_16_ranks_learn_digits_to_95_percent(trainer: Control) -> None:
     job = run(
         trainer,
-        train_spec(world_size=16, global_batch=128, epochs=20, learning_rate=0.3),
+        # 10 epochs (100 steps): 96.9% in one process on the same batches; 20 took the
+        # suite another minute for 98.2%.
+        train_spec(world_size=16, global_batch=128, epochs=10, learning_rate=0.3),
         timeout_s=600,
     )
     assert job.state == SUCCEEDED, job.error_message

@@ -39,7 +39,7 @@ from rdurack.workloads.coe.bundle import PredictedReplicas
 from rdurack.workloads.coe.spec import CoeWorkload
 from rdurack.workloads.program import Deploy, Op, ProgramRun
 from rdurack.workloads.serving.stream.pricing import Pass
-from rdurack.workloads.training.job import RankReport
+from rdurack.workloads.training.job import RankReport, TrainingWorkload
 
 RACK = platform("sn40l-rack16")
 MODELS = builtin_models()
@@ -239,8 +239,23 @@ class FakeGateway:
                 self.clock[s] = run.end_ns
         return [replace(run, socket_id=s) for s in sockets]
 
-    def train(self, *args: object, **kwargs: object) -> list[RankReport]:
-        raise NotImplementedError("training runs on real sockets: tests/integration")
+    def train(
+        self,
+        node: int,
+        job_id: str,
+        sockets: Sequence[str],
+        workload: TrainingWorkload,
+        group: Sequence[tuple[str, str]],
+        *,
+        platform_name: str = "",
+        steps: int = 0,
+        start_ns: int = 0,
+        checkpoint_dir: str = "",
+        prepare: bool = False,
+    ) -> list[RankReport]:
+        raise NotImplementedError(
+            "training runs on real sockets: tests/integration, test_rank_start.py"
+        )
 
     def platform_of(self, ops: Sequence[Op]) -> PlatformSpec:
         deploy = next((op for op in ops if isinstance(op, Deploy)), None)

@@ -19,6 +19,7 @@ that platform's socket memory instead of the socket's.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Generator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -36,6 +37,7 @@ from rdurack.rack.memory import TieredMemory
 from rdurack.rack.models import ModelSpec
 from rdurack.rack.presets import platform as preset
 from rdurack.rack.spec import PlatformSpec, Tier
+from rdurack.workloads.training.data import import_loader
 from rdurack.workloads.training.job import (
     SCRIPT_PROGRESS_S,
     RankReport,
@@ -123,6 +125,17 @@ class RankRunner:
             self.account.begin_stage()
             self.account.mark()
         self._memory: dict[str, Any] = self.cost.memory.to_dict()  # a script's: measured
+
+    def prepare(self) -> RankReport:
+        """Start the rank and run no step: what its steps run on imported now (the
+        constructor imported the cost model's), so that its first step meets its peers
+        without keeping them waiting for its start (job.START_TIMEOUT_S)."""
+        if self.w.user_code:  # torch and a script's support
+            importlib.import_module("rdurack.node_agent.training.script")
+        elif self.w.functional:  # torch, DDP and the dataset's loader
+            importlib.import_module("rdurack.workloads.training.loop")
+            import_loader(self.w.dataset)
+        return self._report([])
 
     def advance(
         self, steps: int, hardware: HardwareTrace, parent: Context, start_ns: int | None = None

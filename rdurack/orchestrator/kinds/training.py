@@ -97,6 +97,17 @@ class TrainingKind:
         nodes = by_node(ranks)
         checkpoints = str(self.checkpoint_dir / job.job.id) if self.checkpoint_dir else ""
         name = "" if platform is self.context.platform else platform.name
+        # Every rank started (its imports, its runner) before any waits for a peer: a
+        # rank still starting is not a dead one (job.START_TIMEOUT_S).
+        job.progress(0.0, f"starting {len(ranks)} ranks", start)
+
+        def start_ranks(n: int, ids: list[str]) -> list[RankReport]:
+            return job.gateway.train(
+                n, job.job.id, ids, w, group, platform_name=name, checkpoint_dir=checkpoints,
+                prepare=True,
+            )  # fmt: skip
+
+        job.on_nodes(nodes, start_ranks)
         losses: list[float] = []
         segment, first = 1, True  # the first segment is one step: it tells the total
         said = ""  # the last progress message

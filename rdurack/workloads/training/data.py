@@ -12,6 +12,7 @@ a job, and every run with the same seed, sees the same split.
 
 from __future__ import annotations
 
+import importlib
 from typing import Any, NamedTuple, Protocol
 
 import numpy as np
@@ -119,6 +120,13 @@ class DataSpec(Protocol):
 
     @property
     def synthetic_classes(self) -> int: ...
+
+
+def import_loader(dataset: str) -> None:
+    """Import what loading `dataset` takes (scikit-learn for digits: about a second of
+    CPU), so that a rank can do it before it meets its peers."""
+    if dataset == "digits":
+        importlib.import_module("sklearn.datasets")
 
 
 def load_data(spec: DataSpec) -> tuple[Split, int]:

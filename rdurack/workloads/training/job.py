@@ -44,6 +44,13 @@ BUILT_IN_MODELS = ("mlp", "transformer")
 # for a stopped script's thread to end (node_agent/training/script_thread.py).
 SCRIPT_PROGRESS_S = 2.0
 SCRIPT_STOP_S = 10.0
+# Wall seconds a node's ranks may take to start (RunTraining with `prepare`): the
+# training stack imported (torch, about 2 s of CPU a process), the runner built. Every
+# rank starts before any waits for a peer, so a slow start is not a dead peer: started
+# together in one step with the rest, 32 ranks on this 2-core machine kept their peers
+# waiting past the 60 s wall_timeout_s, and the job's first attempt failed. Generous:
+# starting takes no peer's time, and a dead socket still fails the call at once.
+START_TIMEOUT_S = 600.0
 MAX_LOOP_BYTES = 1 << 20  # a pickled training function, within gRPC's 4 MB messages
 
 
