@@ -19,7 +19,10 @@ from the moment the renewal was sent, so it is earlier than the lease's expiry, 
 counts from when the database received it, as long as the two clocks' rates agree to
 better than STEP_DOWN (an assumption: real clocks drift by parts per million). Past it,
 `term()` is None and the orchestrator stops scheduling and aborts its runs; a write the
-old term still attempts fails (the fence), so a deposed leader never lands a write.
+old term still attempts fails (the fence), so a deposed leader never lands a write. A
+renewal that comes back after its term lapsed does not bring the term back (its runs
+may have been aborted, their last writes must stay fenced): the next claim starts a new
+term, whose epoch fences the old one's writes.
 
 Takeover: a leader that dies stops renewing; its lease expires at most `ttl_s` after its
 last renewal, and a follower claims it within one more claim interval, then recovers
@@ -104,13 +107,30 @@ class Elector:
         except RdurackError as e:  # StoreUnavailable: try again at the next claim
             log.warning("replica %s: cannot claim the leader's lease: %s", self.holder, e)
         else:
+            took = self._clock() - sent
+            if took > self.claim_every_s:  # a few of these in a row and a term lapses
+                log.warning(
+                    "replica %s: a claim of the lease took %.1f s (the store's write); a "
+                    "term lapses %.1f s after its last renewal was sent",
+                    self.holder, took, self.ttl_s * (1 - STEP_DOWN),
+                )  # fmt: skip
             with self._lock:
                 self.leader = found.holder if found.live else ""
-                if found.holder == self.holder and found.live:
+                # A term that lapsed while its renewal was on the way stays over: its
+                # runs may have been aborted already, and their last writes must stay
+                # fenced. The next claim starts a new term (a new epoch).
+                lapsed = found.term == before and self._clock() >= self._valid_until
+                if found.holder == self.holder and found.live and not lapsed:
                     self._term = found.term
                     self._valid_until = sent + self.ttl_s * (1 - STEP_DOWN)
                 else:
                     self._term = None
+            if lapsed:
+                log.warning(
+                    "replica %s: term %d lapsed while its renewal was on the way; the next "
+                    "claim starts a new term",
+                    self.holder, found.epoch,
+                )  # fmt: skip
         after = self.term()
         if after != before:
             log.warning(

@@ -26,8 +26,10 @@ def _train(address: list[str], world_size: int) -> Any:
     return json.loads(done.stdout)
 
 
-# The whole takes 207-228 s on this 2-core machine when it is quiet (32 socket processes
-# start the training stack on 2 cores): beyond the suite's 300 s when others load it.
+# The whole takes about 160 s on this 2-core machine when it is quiet (32 socket
+# processes start the training stack on 2 cores: some 90 s), 207-240 s before the ranks
+# started ahead of their first step (the first attempt failed on a link timeout): beyond
+# the suite's 300 s when others load it.
 # Its rack gives a silent agent 10 s, not 2, before it counts as down: at a load average
 # of 27 from others' work, a clean-clone run's job failed on "node 0's agent: agent
 # unreachable for 2 s: heartbeat: Deadline Exceeded" (the 32 ranks' processes and the

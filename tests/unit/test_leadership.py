@@ -116,6 +116,55 @@ def test_a_leader_stops_before_its_lease_can_be_taken(store: JobStore) -> None:
     assert a.step() == Term("a", 2)  # it claims again: a new term, not the lapsed one
 
 
+class _SlowClaims:
+    """A job store whose claims take `took_s` on the elector's clock (a slow disk)."""
+
+    def __init__(self, store: JobStore, clock: FakeClock, took_s: float) -> None:
+        self.store, self.clock, self.took_s = store, clock, took_s
+
+    def claim_lease(self, holder: str, ttl_s: float, term: Term | None = None) -> Lease:
+        self.clock.advance(self.took_s)
+        return self.store.claim_lease(holder, ttl_s, term)
+
+
+def test_a_slow_claim_is_logged_with_how_long_it_took(
+    store: JobStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    clock = FakeClock()
+    a = Elector(_SlowClaims(store, clock, 0.5), "a", 5, clock=clock)  # type: ignore[arg-type]
+    assert a.step() == Term("a", 1)
+    assert "took" not in caplog.text  # half a claim interval (1 s): not worth a word
+    slow = Elector(_SlowClaims(store, clock, 2.5), "a", 5, clock=clock)  # type: ignore[arg-type]
+    slow.step()
+    assert "a claim of the lease took 2.5 s" in caplog.text
+    assert "lapses 4.0 s after its last renewal was sent" in caplog.text
+
+
+def test_a_renewal_back_after_its_term_lapsed_does_not_bring_the_term_back(
+    store: JobStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Seen on a loaded machine: a renewal stuck in the store's commit came back after
+    the term had lapsed; the orchestrator had aborted the term's runs and recovered
+    their jobs, and a stale run's write, made in the term it renewed, marked a
+    recovered job FAILED."""
+    store.submit("j1", store_spec())
+    clock = FakeClock()
+    claims = _SlowClaims(store, clock, 0.0)
+    a = Elector(claims, "a", 5, clock=clock)  # type: ignore[arg-type]
+    first = a.step()
+    assert first == Term("a", 1)  # valid until 4.0 s on its clock
+    claims.took_s = 3.9
+    assert a.step() == first  # back at 3.9 s, before the deadline: renewed
+    claims.took_s = 0.2  # sent at 3.9 s, back at 4.1 s: the term lapsed meanwhile
+    assert a.step() is None
+    assert "term 1 lapsed while its renewal was on the way" in caplog.text
+    assert store.lease().term == first and store.lease().live  # renewed in the store...
+    claims.took_s = 0.0
+    assert a.step() == Term("a", 2)  # ...but the next claim starts a new term
+    with pytest.raises(NotLeader):  # which fences the lapsed one's writes
+        store.fenced(first, lambda term: True).transition("j1", S.SCHEDULED, sockets=("s",))
+
+
 def test_a_follower_takes_over_when_the_leader_falls_silent(store: JobStore) -> None:
     a = Elector(store, "a", SHORT_TTL_S)
     b = Elector(store, "b", SHORT_TTL_S)
