@@ -34,7 +34,7 @@ from rdurack.wire.passes import bundle_to_proto, pass_to_proto
 from rdurack.wire.served import served_to_proto
 from rdurack.workloads.program import Op, ProgramRun
 from rdurack.workloads.serving.stream.pricing import Pass
-from rdurack.workloads.training.job import START_TIMEOUT_S, RankReport, TrainingWorkload
+from rdurack.workloads.training.job import RankReport, TrainingWorkload
 
 TIER_NAMES = {v: k.value for k, v in convert.TIERS.items()}
 # Agent refusals the orchestrator retries later (busy, unreachable); others fail the job.
@@ -329,10 +329,7 @@ class GrpcNodeGateway:
             checkpoint_dir=checkpoint_dir,
             prepare=prepare,
         )
-        # Starting: the agent's own bound, and the call's way there and back.
-        timeout_s = workload.call_timeout_s(self.timeout_s)
-        if prepare:
-            timeout_s = START_TIMEOUT_S + self.timeout_s
+        timeout_s = workload.call_timeout_s(self.timeout_s, prepare)
         what = f"starting the ranks of {job_id}" if prepare else f"training of {job_id}"
         reply = self._call(node, what, "RunTraining", request, timeout_s, WORK_RETRYABLE)
         assert isinstance(reply, node_agent_pb2.RunTrainingResponse)

@@ -47,7 +47,7 @@ from rdurack.workloads.program import Op, ProgramRun
 from rdurack.workloads.serving.batch import SERVE, ServeRequest
 from rdurack.workloads.serving.stream.bundle import BundleLayout
 from rdurack.workloads.serving.stream.pricing import Pass
-from rdurack.workloads.training.job import START_TIMEOUT_S, RankReport, TrainingWorkload
+from rdurack.workloads.training.job import RankReport, TrainingWorkload
 
 
 class NodeAgent:
@@ -312,13 +312,13 @@ class NodeAgent:
     ) -> list[RankReport]:
         """Run up to `steps` more steps on this node's ranks of a DDP job; `group` is
         every rank, across nodes, in rank order. `prepare`: start the ranks and run no
-        step, within START_TIMEOUT_S (Socket.train)."""
+        step, within START_TIMEOUT_S (TrainingWorkload.call_timeout_s)."""
         return self._drive(
             names.SPAN_NODE_TRAIN,
             {names.ATTR_STEPS: steps, names.ATTR_TRAIN_PREPARE: prepare},
             job_id,
             self._local(socket_ids, socket_ids),
-            f"training of job {job_id}",
+            f"starting the ranks of job {job_id}" if prepare else f"training of job {job_id}",
             "train",
             (job_id, workload, list(group)),
             {
@@ -328,7 +328,7 @@ class NodeAgent:
                 "checkpoint_dir": checkpoint_dir,
                 "prepare": prepare,
             },
-            timeout_s=START_TIMEOUT_S if prepare else workload.call_timeout_s(self.call_timeout_s),
+            timeout_s=workload.call_timeout_s(self.call_timeout_s, prepare),
         )
 
     def _local(self, socket_ids: Sequence[str], named: Sequence[str]) -> list[str]:

@@ -142,11 +142,15 @@ class TrainingWorkload(Config):
                 )
         return self
 
-    def call_timeout_s(self, segment_s: float) -> float:
+    def call_timeout_s(self, segment_s: float, prepare: bool = False) -> float:
         """How long a call running this job's ranks may take, given `segment_s` for one
         segment of steps. A script's call comes back within SCRIPT_PROGRESS_S, but its
         first meets the peers at the rendezvous (up to `wall_timeout_s`) and one may stop
-        a script that ran past `run_timeout_s` (up to SCRIPT_STOP_S)."""
+        a script that ran past `run_timeout_s` (up to SCRIPT_STOP_S). `prepare`: the
+        call that starts the ranks, which may take START_TIMEOUT_S beside `segment_s`
+        (the caller's own way there and back)."""
+        if prepare:
+            return START_TIMEOUT_S + segment_s
         if not self.user_code:
             return segment_s
         return segment_s + self.wall_timeout_s + SCRIPT_PROGRESS_S + SCRIPT_STOP_S

@@ -15,6 +15,7 @@ from rdurack.workloads.training.job import (
     MAX_LOOP_BYTES,
     SCRIPT_PROGRESS_S,
     SCRIPT_STOP_S,
+    START_TIMEOUT_S,
     TrainingWorkload,
     log_path,
 )
@@ -33,6 +34,8 @@ def test_a_script_job_takes_any_world_size_and_says_what_it_trains() -> None:
     # wall_timeout_s), and one may stop a script past run_timeout_s (SCRIPT_STOP_S).
     assert w.call_timeout_s(60.0) == 60.0 + w.wall_timeout_s + SCRIPT_PROGRESS_S + SCRIPT_STOP_S
     assert w.call_timeout_s(60.0) < w.run_timeout_s  # not the whole run in one call
+    # Starting the ranks (no step, no peer met) has its own bound, beside the caller's.
+    assert w.call_timeout_s(60.0, prepare=True) == START_TIMEOUT_S + 60.0
 
 
 @pytest.mark.parametrize(
