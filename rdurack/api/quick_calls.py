@@ -50,7 +50,8 @@ class InPool:
 
 class QuickCalls(grpc.ServerInterceptor):
     """Runs the unary calls of `methods` ('/package.Service/Method') on a pool of
-    `workers` threads of their own; `close` shuts it down once the server has stopped."""
+    `workers` threads of their own; `close` shuts it down once the server has stopped.
+    The handler it builds depends on the method only (security/per_method.py)."""
 
     def __init__(self, methods: Collection[str], workers: int = QUICK_WORKERS) -> None:
         self._methods = frozenset(methods)

@@ -25,6 +25,7 @@ from rdurack.api.quick_calls import QuickCalls
 from rdurack.api.retry import IDEMPOTENT, service_config
 from rdurack.security.auth import Authenticator
 from rdurack.security.guard import Bounds, RequestGuard
+from rdurack.security.per_method import PerMethod
 from rdurack.security.tls import TlsConfig
 from rdurack.telemetry.propagation import CallDetails, ClientCalls, ClientTracing, ServerTracing
 
@@ -88,7 +89,7 @@ class Server:
                 ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
                 ("grpc.max_receive_message_length", max_receive_bytes),
             ],
-            interceptors=interceptors,
+            interceptors=[PerMethod(interceptors)],
         )
         for _, add in services:
             add(self.server)

@@ -226,6 +226,9 @@ class Authenticator:
 
 
 class _RequireToken(grpc.ServerInterceptor):
+    """The handler it builds depends on the method only (security/per_method.py): the
+    token is read from each call's context."""
+
     def __init__(self, auth: Authenticator) -> None:
         self.auth = auth
 

@@ -244,7 +244,8 @@ class RequestGuard(grpc.ServerInterceptor):
 
     `messages_of` names the protobuf messages in a decoded request whose fields are
     bounded: by default the request itself. A service with its own decoders (the links'
-    zero-copy wire format, node_agent/links/wire.py) says where its messages are."""
+    zero-copy wire format, node_agent/links/wire.py) says where its messages are.
+    The handler it builds depends on the method only (security/per_method.py)."""
 
     def __init__(
         self,

@@ -189,7 +189,9 @@ def peer_names(context: grpc.ServicerContext) -> list[str]:
 class RackPeers(grpc.ServerInterceptor):
     """PERMISSION_DENIED for a call whose client certificate does not name the rack
     identity. The handshake has already checked that the certificate chains to the rack
-    CA; this refuses certificates the same CA issued for anything else."""
+    CA; this refuses certificates the same CA issued for anything else. The handler it
+    builds depends on the method only (security/per_method.py): the certificate is read
+    from each call's context."""
 
     def __init__(self, rack_identity: str) -> None:
         self.rack_identity = rack_identity

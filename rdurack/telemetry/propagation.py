@@ -76,7 +76,9 @@ def _finish(span: Span, code: grpc.StatusCode | None, details: str, server: bool
 
 class ServerTracing(grpc.ServerInterceptor):
     """A SERVER span per RPC, named 'rdurack.v1.Service/Method', continuing the trace
-    the client put in the invocation metadata; current while the handler runs."""
+    the client put in the invocation metadata; current while the handler runs. The
+    handler it builds depends on the method only (the metadata is read from the call's
+    context), so that security/per_method.py can build it once per method."""
 
     def __init__(self, tracer_provider: trace.TracerProvider | None = None) -> None:
         self._tracer = trace.get_tracer(names.TRACER_GRPC, tracer_provider=tracer_provider)
@@ -86,7 +88,7 @@ class ServerTracing(grpc.ServerInterceptor):
         if handler is None or details.method in names.UNTRACED_METHODS:
             return handler
         method: str = details.method
-        metadata = {k: v for k, v in (details.invocation_metadata or ()) if isinstance(v, str)}
+        name, attributes = method.lstrip("/"), _rpc_attributes(method)
         tracer = self._tracer
 
         def outcome(context: grpc.ServicerContext, error: BaseException | None) -> tuple[Any, str]:
@@ -100,11 +102,12 @@ class ServerTracing(grpc.ServerInterceptor):
         def serving(context: grpc.ServicerContext) -> Iterator[None]:
             """The request's span, current while the handler runs (a stream's handler:
             until its last message), ended with the status the handler left."""
+            metadata = context.invocation_metadata() or ()
             span = tracer.start_span(
-                method.lstrip("/"),
-                context=extract(metadata),
+                name,
+                context=extract({k: v for k, v in metadata if isinstance(v, str)}),
                 kind=SpanKind.SERVER,
-                attributes=_rpc_attributes(method),
+                attributes=attributes,
             )
             error: BaseException | None = None
             try:

@@ -26,6 +26,7 @@ from rdurack.errors import LinkFailure
 from rdurack.node_agent.links import wire
 from rdurack.node_agent.links.mailbox import Mailbox, Message, Parts
 from rdurack.security.guard import Bounds, RequestGuard
+from rdurack.security.per_method import PerMethod
 from rdurack.security.tls import TlsConfig
 from rdurack.v1 import link_pb2
 
@@ -263,7 +264,7 @@ class LinkServer:
         self._server = grpc.server(
             self._pool,
             options=list(_SERVER_OPTIONS),
-            interceptors=[*guards, RequestGuard(_BOUNDS, wire.messages_of)],
+            interceptors=[PerMethod([*guards, RequestGuard(_BOUNDS, wire.messages_of)])],
         )
         self._server.add_generic_rpc_handlers((_handlers(servicer),))
         bound = 0
