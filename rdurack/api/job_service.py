@@ -182,7 +182,7 @@ class JobService(job_pb2_grpc.JobServiceServicer):
     ) -> Iterator[job_pb2.JobEvent]:
         scope = self.auth.principal(context).scope
         events = self.o.watch(
-            _job_id(request.job_id), request.after_sequence, context.is_active, scope
+            _job_id(request.job_id), request.after_sequence, context.add_callback, scope
         )
         for event in events:
             yield jc.event_to_proto(event)

@@ -386,13 +386,17 @@ class Orchestrator:
         self,
         job_id: str,
         after: int = 0,
-        still_wanted: Callable[[], bool] = lambda: True,
+        on_hang_up: Callable[[Callable[[], None]], bool] | None = None,
         tenant: str | None = None,
     ) -> Iterator[Event]:
         """Every event of a job after `after`, as they happen, until the job is finished
-        (or the watcher goes away, or the orchestrator stops)."""
+        (or the watcher goes away, or the orchestrator stops). `on_hang_up(f)` has `f`
+        called when the watcher's client goes away, and returns False if it is gone
+        already (gRPC's `context.add_callback`)."""
         self.get(job_id, tenant)  # unknown (or not its) ids fail now, not after a wait
         with self._signals.watching(job_id) as signal:
+            if on_hang_up is not None and not on_hang_up(signal.hang_up):
+                return
             while True:
                 seen = signal.version()  # before reading: a change after it wakes us
                 events = self.store.events(job_id, after)
@@ -401,10 +405,11 @@ class Orchestrator:
                     after = events[-1].seq
                 if self.store.get(job_id).state.terminal and not self.store.events(job_id, after):
                     return
-                if not still_wanted() or self._stop.is_set():
+                if signal.gone or self._stop.is_set():
                     return
-                # Woken by the job's next event; the timeout only bounds how late a
-                # watcher notices that its client went away.
+                # Woken by the job's next event here, or by its client hanging up. The
+                # timeout is for the events this replica does not see made: another
+                # replica (the leader) writes them to the shared store.
                 signal.wait(seen, timeout_s=self.poll_s)
 
     def rack(self, tenant: str | None = None) -> list[NodeView]:

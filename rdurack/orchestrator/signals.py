@@ -29,17 +29,26 @@ class Watch:
     def __init__(self, signals: JobSignals, slot: _Slot) -> None:
         self._signals = signals
         self._slot = slot
+        self.gone = False  # its client went away (hang_up)
+
+    def hang_up(self) -> None:
+        """The watcher's client went away: wake it now, to end its watch (a WatchJob
+        stream's thread is free at once, not at its next poll)."""
+        with self._slot.changed:
+            self.gone = True
+            self._slot.changed.notify_all()
 
     def version(self) -> int:
         with self._slot.changed:
             return self._slot.version
 
     def wait(self, seen: int, timeout_s: float) -> None:
-        """Return once the job changed after version `seen`, everything stops, or
-        `timeout_s` seconds (wall time) passed."""
+        """Return once the job changed after version `seen`, the client hung up,
+        everything stops, or `timeout_s` seconds (wall time) passed."""
         with self._slot.changed:
             self._slot.changed.wait_for(
-                lambda: self._slot.version != seen or self._signals.stopped, timeout_s
+                lambda: self._slot.version != seen or self.gone or self._signals.stopped,
+                timeout_s,
             )
 
 

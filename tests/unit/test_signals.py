@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 
 from rdurack.orchestrator.signals import JobSignals
 
@@ -63,3 +64,32 @@ def test_wait_times_out_without_news_and_notify_without_watchers_is_free() -> No
         start = time.monotonic()
         w.wait(w.version(), timeout_s=0.05)
         assert 0.04 <= time.monotonic() - start < WAIT_S / 2
+
+
+def test_a_hang_up_wakes_that_watcher_only() -> None:
+    signals = JobSignals()
+    woke: dict[str, float] = {}
+    hang_ups: list[Callable[[], None]] = []
+    gone: list[float] = []  # how long the hung-up watcher waited, s
+
+    def leaving() -> None:
+        with signals.watching("j") as w:
+            seen = w.version()
+            hang_ups.append(w.hang_up)
+            start = time.monotonic()
+            w.wait(seen, timeout_s=WAIT_S)
+            if w.gone:
+                gone.append(time.monotonic() - start)
+
+    stays = _waiter(signals, "j", woke)  # another watcher of the same job
+    left = threading.Thread(target=leaving)
+    left.start()
+    until = time.monotonic() + WAIT_S
+    while not hang_ups and time.monotonic() < until:
+        time.sleep(0.001)
+    hang_ups[0]()
+    left.join(WAIT_S)
+    assert gone and gone[0] < WAIT_S / 2  # woken, not timed out
+    assert "j" not in woke  # the other still waits: its client is there
+    signals.stop()
+    stays.join(WAIT_S)
