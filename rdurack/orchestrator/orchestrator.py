@@ -397,7 +397,8 @@ class Orchestrator:
         with self._signals.watching(job_id) as signal:
             if on_hang_up is not None and not on_hang_up(signal.hang_up):
                 return
-            while True:
+            # A watcher its client left reads nothing more: no one would get it.
+            while not signal.gone:
                 seen = signal.version()  # before reading: a change after it wakes us
                 events = self.store.events(job_id, after)
                 yield from events
@@ -405,7 +406,7 @@ class Orchestrator:
                     after = events[-1].seq
                 if self.store.get(job_id).state.terminal and not self.store.events(job_id, after):
                     return
-                if signal.gone or self._stop.is_set():
+                if self._stop.is_set():
                     return
                 # Woken by the job's next event here, or by its client hanging up. The
                 # timeout is for the events this replica does not see made: another

@@ -14,6 +14,7 @@ import grpc
 import pytest
 
 from rdurack.api.job_service import serve_api
+from rdurack.orchestrator.jobs import Job
 from rdurack.orchestrator.orchestrator import Orchestrator
 from rdurack.orchestrator.store.jobstore import Event
 from rdurack.v1 import job_pb2, job_pb2_grpc
@@ -29,9 +30,26 @@ def slow_poll(tmp_path: Path) -> Iterator[Orchestrator]:
         yield o
 
 
-def test_a_hang_up_ends_the_watch_while_it_waits(slow_poll: Orchestrator) -> None:
+def test_a_hang_up_ends_the_watch_while_it_waits(
+    slow_poll: Orchestrator, monkeypatch: pytest.MonkeyPatch
+) -> None:
     job, _ = slow_poll.submit(spec(sockets=1))  # never scheduled: no news will come
     hang_ups: list[Callable[[], None]] = []
+    reads: list[str] = []  # the watcher's reads of the job's events
+    read_events = slow_poll.store.events
+
+    def counted(job_id: str, after: int = 0) -> list[Event]:
+        reads.append(job_id)
+        return read_events(job_id, after)
+
+    monkeypatch.setattr(slow_poll.store, "events", counted)
+    checked = threading.Event()  # the watcher read the job's state: next, it waits
+    read_job = slow_poll.store.get
+
+    def noted(job_id: str) -> Job:
+        found = read_job(job_id)
+        checked.set()
+        return found
 
     def register(hang_up: Callable[[], None]) -> bool:
         hang_ups.append(hang_up)
@@ -39,12 +57,15 @@ def test_a_hang_up_ends_the_watch_while_it_waits(slow_poll: Orchestrator) -> Non
 
     events = slow_poll.watch(job.id, on_hang_up=register)
     assert next(events).seq == 1  # the submission
+    monkeypatch.setattr(slow_poll.store, "get", noted)
     rest: list[Event] = []
     watcher = threading.Thread(target=lambda: rest.extend(events))
-    watcher.start()  # now waiting for news, up to POLL_S
+    watcher.start()
+    assert checked.wait(DEADLINE_S)  # then it waits for news, up to POLL_S
     hang_ups[0]()
     watcher.join(DEADLINE_S)
     assert not watcher.is_alive() and rest == []
+    assert reads == [job.id]  # none after the hang-up: no one would get what it read
 
 
 def test_a_watch_whose_client_is_gone_already_sends_nothing(slow_poll: Orchestrator) -> None:
