@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable
 
 from rdurack.orchestrator.signals import JobSignals
+from tests.support.fake_rack import until
 
 # A wait's timeout, s: far longer than any wake-up takes even on a loaded machine, so a
 # wait that returns in under half of it was woken, not timed out.
@@ -84,9 +85,7 @@ def test_a_hang_up_wakes_that_watcher_only() -> None:
     stays = _waiter(signals, "j", woke)  # another watcher of the same job
     left = threading.Thread(target=leaving)
     left.start()
-    until = time.monotonic() + WAIT_S
-    while not hang_ups and time.monotonic() < until:
-        time.sleep(0.001)
+    until(lambda: hang_ups, "the leaving watcher registered", WAIT_S)
     hang_ups[0]()
     left.join(WAIT_S)
     assert gone and gone[0] < WAIT_S / 2  # woken, not timed out
