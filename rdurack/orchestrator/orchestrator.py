@@ -393,7 +393,9 @@ class Orchestrator:
         (or the watcher goes away, or the orchestrator stops). `on_hang_up(f)` has `f`
         called when the watcher's client goes away, and returns False if it is gone
         already (gRPC's `context.add_callback`)."""
-        self.get(job_id, tenant)  # unknown (or not its) ids fail now, not after a wait
+        if tenant is not None:
+            self.get(job_id, tenant)  # not its job: fail before reading its events
+        # An unknown id fails at the first read of its events, before any wait.
         with self._signals.watching(job_id) as signal:
             if on_hang_up is not None and not on_hang_up(signal.hang_up):
                 return

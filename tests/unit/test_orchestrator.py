@@ -16,6 +16,7 @@ from rdurack.errors import (
     OneProcessPerSocket,
     OutOfMemory,
     RdurackError,
+    UnknownName,
 )
 from rdurack.orchestrator.jobs import EndpointWorkload, IllegalTransition, JobSpec, JobState
 from rdurack.orchestrator.orchestrator import Orchestrator
@@ -201,6 +202,12 @@ def test_watch_streams_until_the_job_ends(orch: Orchestrator) -> None:
     assert events[-1].kind == "state" and events[-1].payload["state"] == "SUCCEEDED"
     assert [e.seq for e in events] == list(range(1, len(events) + 1))
     assert list(orch.watch(job.id, after=events[-1].seq)) == []
+
+
+def test_watching_an_unknown_job_fails_before_any_wait(orch: Orchestrator) -> None:
+    # The first read of its events fails it: no wait for an event that cannot come.
+    with pytest.raises(UnknownName, match="no-such-job"):
+        next(orch.watch("no-such-job"))
 
 
 def test_a_restarted_orchestrator_runs_what_was_queued(store_location: str) -> None:
