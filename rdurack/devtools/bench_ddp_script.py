@@ -18,7 +18,7 @@ WARM_UP = 2  # steps left out of the medians
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--backend", default="rdu")
-    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--width", type=int, default=512)
     args = parser.parse_args()
     dist.init_process_group(args.backend)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,7 @@ from rdurack.devtools import bench
 from rdurack.devtools.bench import bench_paper_fidelity, run, table
 from rdurack.devtools.bench_figure import BenchFigure
 from rdurack.devtools.bench_predictor import bench_predictor_speed, bench_serving_engine, gauge
-from rdurack.devtools.bench_serve import ANSWER_TARGET_MS, bench_serve
+from rdurack.devtools.bench_serve import ANSWER_TARGET_MS, _medians_ms, bench_serve
 from rdurack.devtools.bench_training import progressive_figures
 from rdurack.errors import RdurackError
 from rdurack.workloads.training.job import TrainingWorkload
@@ -290,6 +291,18 @@ def test_serve_figures_are_each_answer_beside_its_floors() -> None:
     # Each answer carries the in-process floor and holds the 50 ms on its value.
     assert all(f.floor == floors[0].value and f.holds == "value" for f in answers)
     assert "in process" in floors[0].name and "import rdurack" in floors[-1].name
+
+
+def test_a_figure_and_its_floors_are_timed_in_turns() -> None:
+    order: list[str] = []
+
+    def call(name: str) -> Callable[[], object]:
+        return lambda: order.append(name)
+
+    medians = _medians_ms({n: call(n) for n in "abc"}, repeats=3)
+    # One of each, then again: a slow moment of the machine falls on all of them alike.
+    assert order == list("abcabcabc")
+    assert set(medians) == set("abc") and all(ms >= 0 for ms in medians.values())
 
 
 def test_progressive_figures_are_the_mean_and_the_worst_seed_against_each_target() -> None:
