@@ -10,10 +10,8 @@ floor in the same run.
   its TTFT (send to first token) and its mean inter-token gap; the endpoint's `usage`
   says the emulated ones. Floor: the same 32 clients against a bare FastAPI app that
   streams at once; its TTFT is what the clients and the HTTP stack take on this
-  machine, and is taken off the clients' TTFT. Each model's 32 streams run
-  PACING_REPEATS times, in turns with the floor's, so that a slow moment of the machine
-  falls on both alike. A run holds when TTFT and gap agree at p50 and p99 over its
-  clients (32 x PACING_REPEATS), within 10% or 5 ms, whichever is larger (the issue's
+  machine, and is taken off the clients' TTFT. A run holds when TTFT and gap agree at
+  p50 and p99 over the clients, within 10% or 5 ms, whichever is larger (the issue's
   bound). The figure is the highest aggregate emulated token rate up to which every run
   holds; the target is about 1,000 tokens/s (llama3.1-405b on 16 sockets), held on the
   value. Its floor: the aggregate tokens/s the bare app streams to the same 32 clients,
@@ -29,7 +27,6 @@ import asyncio
 import json
 import os
 import signal
-import statistics
 import subprocess
 import sys
 import time
@@ -51,10 +48,6 @@ CLIENTS, TOKENS = 32, 64
 PACING_REL, PACING_ABS_S = 0.10, 0.005
 PACING_TARGET = 1000.0  # tokens/s: the issue's "about 1,000" (llama3.1-405b on 16)
 FLOOR_TTFT_TOKENS = 2  # the TTFT floor's streams: their first token is what counts
-# Each run's 32 streams (and the floor's) this many times, in turns. Once each, one
-# run's p99 was its slowest client and the floor's a single burst of 32: two runs of
-# `make bench` put the rate up to which every run holds at 2,586 and 4,513 tokens/s.
-PACING_REPEATS = 3
 # From slow to fast: the aggregate emulated rate grows down the list.
 PACING_RUNS = [("llama3.1-405b", 16), ("llama3.1-70b", 8), ("llama3.1-70b", 16),
                ("llama3.1-8b", 4), ("llama3.1-8b", 16)]  # fmt: skip
@@ -243,7 +236,9 @@ def _request(port: int, model: str, tokens: int) -> bytes:
     return head.encode() + body
 
 
-async def _streams(url: str, model: str, tokens: int = TOKENS) -> list[Stream]:
+async def _streams(
+    url: str, model: str, tokens: int = TOKENS
+) -> list[tuple[float, float, dict[str, float]]]:
     """CLIENTS streams of `tokens` at once, over connections opened beforehand."""
     port = int(url.rsplit(":", 1)[1])
     opened = [await asyncio.open_connection("127.0.0.1", port) for _ in range(CLIENTS)]
@@ -256,13 +251,7 @@ async def _streams(url: str, model: str, tokens: int = TOKENS) -> list[Stream]:
             c.writer.close()
 
 
-Stream = tuple[float, float, dict[str, float]]  # a client's TTFT, mean gap (s), usage
-
-
-def _pacing(repeats: list[list[Stream]], floor: list[float]) -> Pacing:
-    """A run's pacing from its repeats (each CLIENTS streams at once) against the TTFTs of
-    the floor's streams taken in turns with them."""
-    runs = [stream for repeat in repeats for stream in repeat]
+def _pacing(runs: list[tuple[float, float, dict[str, float]]], floor: list[float]) -> Pacing:
     ttft = [t for t, _, _ in runs]
     gap = [g for _, g, _ in runs]
     e_ttft = [u["time_to_first_token"] for _, _, u in runs]
@@ -276,39 +265,28 @@ def _pacing(repeats: list[list[Stream]], floor: list[float]) -> Pacing:
         for measured, emulated in pairs:
             bound = max(PACING_REL * emulated, PACING_ABS_S)
             worst = max(worst, abs(measured - emulated) / bound)
-    # All start at once: a repeat lasts as long as its slowest request.
-    rate = statistics.median(
-        CLIENTS * TOKENS / max(u["total_latency"] for _, _, u in repeat) for repeat in repeats
-    )
+    # All start at once: the run lasts as long as its slowest request.
+    rate = CLIENTS * TOKENS / max(u["total_latency"] for _, _, u in runs)
     return Pacing(rate, worst)
 
 
 def bench_pacing() -> list[BenchFigure]:
-    runs: list[Pacing] = []
-    floors: list[float] = []  # every TTFT of the floor's streams, all runs
-    with _bare() as bare_url:
-        # The bare app's aggregate token rate: all start at once, until the last token.
-        bare_rate = statistics.median(
-            CLIENTS * TOKENS / max(t + g * (TOKENS - 1) for t, g, _ in repeat)
-            for repeat in (asyncio.run(_streams(bare_url, "m")) for _ in range(PACING_REPEATS))
-        )
-        for model, sockets in PACING_RUNS:
-            floor: list[float] = []
-            repeats: list[list[Stream]] = []
-            with _rdu_serve(model, sockets, 1.0) as url:
-                for _ in range(PACING_REPEATS):
-                    bare = asyncio.run(_streams(bare_url, "m", FLOOR_TTFT_TOKENS))
-                    floor += [t for t, _, _ in bare]
-                    repeats.append(asyncio.run(_streams(url, model)))
-            runs.append(_pacing(repeats, floor))
-            floors += floor
+    with _bare() as url:
+        floor = [t for t, _, _ in asyncio.run(_streams(url, "m", FLOOR_TTFT_TOKENS))]
+        bare = asyncio.run(_streams(url, "m"))
+    # The bare app's aggregate token rate: all start at once, until the last token.
+    bare_rate = CLIENTS * TOKENS / max(t + g * (TOKENS - 1) for t, g, _ in bare)
     figures = [
         BenchFigure(f"floor: TTFT of {CLIENTS} streams from a bare FastAPI app, p50",
-                    1e3 * float(np.percentile(floors, 50)), "ms", None, "lower"),
+                    1e3 * float(np.percentile(floor, 50)), "ms", None, "lower"),
         BenchFigure(f"floor: TTFT of {CLIENTS} streams from a bare FastAPI app, p99",
-                    1e3 * float(np.percentile(floors, 99)), "ms", None, "lower"),
+                    1e3 * float(np.percentile(floor, 99)), "ms", None, "lower"),
     ]  # fmt: skip
-    for (model, sockets), p in zip(PACING_RUNS, runs, strict=True):
+    runs = []
+    for model, sockets in PACING_RUNS:
+        with _rdu_serve(model, sockets, 1.0) as url:
+            p = _pacing(asyncio.run(_streams(url, model)), floor)
+        runs.append(p)
         figures.append(BenchFigure(
             f"pacing: {model} on {sockets} sockets, {CLIENTS} streams, largest miss "
             f"({p.rate:,.0f} tokens/s)", p.worst, "x bound", 1.0, "lower"))  # fmt: skip
