@@ -3,7 +3,7 @@ floor in the same run. Each figure is the median of a few runs, and the runs of 
 figure and of its floors go in turns (one of each, then again), so that a slow moment of
 the machine falls on a figure and its floor alike: in one run of `make bench` with the
 floor timed first, all its runs and then the answers', the floor took 11.7 ms where it
-takes 6.8, and the speculative answer's ratio to it came out 4.3 where it is 6.5.
+takes 6.8-7.2, and the speculative answer's ratio to it came out 4.3 where it is 6.3-6.4.
 
 - in process: `predict_serve` for llama3.1-70b, a batch of 16 with 2,048 prompt and 2,048
   output tokens, on the 16-socket rack (the largest TP group: the collective schedules

@@ -72,7 +72,8 @@ RATE = 200.0  # SubmitJob calls/s offered, in all
 # round) and each round's p99 taken apart; 6% with both as they are now, in one pair of
 # runs, and up to 33% (SQLite) and 28% (WatchJob on PostgreSQL) in another, at six
 # rounds: a p99 rests on a few stalls of the machine, each in one server's slice. Ten
-# rounds take the p99 over 8,000 calls a server (the 80th slowest), not 4,800.
+# rounds take the p99 over 8,000 calls a server (the 80th slowest), not 4,800; in four
+# runs of ten the widest gaps were still 9-41% (docs/benchmarks.md, "Two runs").
 ROUNDS = 10
 RUNNING_ROUNDS = 2  # of the open load while the rack runs its queue (no target)
 SLICE_S = 0.25
