@@ -21,14 +21,19 @@ generator little CPU and no GIL contention of its own.
   loop: each call sends the next when it answers), for `seconds`; the figure is calls
   answered per second, what the server sustains.
 
-Given several addresses (a product and its floor), a load takes them in turns: time is
-cut into slices of `slice_s`, each slice given to one server (`Turns`), and a call
-scheduled (open, watch) or started (sustained) in a slice goes to its server, each
-server with its own clients. So a moment of load from elsewhere on the machine (a burst
-that sets a p99, the database's background work after the other's writes) falls on the
-servers alike, where loads one after the other, seconds apart, each met their own. Each
-server sees `rate` calls/s, or `in_flight` calls, while it is loaded, for `seconds` /
-(servers) in all.
+Given several addresses (a product and its floor), each server has its own clients,
+and a load spreads over them in one of two ways:
+- at once (`slice_s` 0; open and watch): each scheduled call goes to every server at
+  the same moment, in an order drawn for each call. A stall of the machine, which sets
+  a p99, then delays a call of each server alike. Each server sees `rate` calls/s for
+  `seconds`.
+- in turns (`slice_s` > 0): time is cut into slices of `slice_s`, each slice given to
+  one server (`Turns`), and a call scheduled (open, watch) or started (sustained) in a
+  slice goes to its server. So a moment of load from elsewhere on the machine falls on
+  the servers alike over many slices, where loads one after the other, seconds apart,
+  each met their own. Each server sees `rate` calls/s, or `in_flight` calls, while it is
+  loaded, for `seconds` / (servers) in all. The closed loop takes turns: at once, the
+  servers would share the cores, and each sustain less than it can alone.
 """
 
 from __future__ import annotations
@@ -151,17 +156,19 @@ async def _poisson(
     call: Callable[[int, _Client, int, int], Awaitable[None]],
 ) -> list[Outcome]:
     """Each of CLIENTS schedules calls on its own Poisson schedule, `rate` in all; a call
-    scheduled in a slice (of `slice_s`) is `call(server, client, i, n)` on the slice's
-    server (`Turns`; `clients`: each server's clients). The latency of each runs from
-    its scheduled time to `call`'s end. One Outcome per server."""
+    is `call(server, client, i, n)` on every server at once (`slice_s` 0), or on the
+    server of the slice (of `slice_s`) it is scheduled in (`Turns`); `clients`: each
+    server's clients. The latency of each runs from its scheduled time to `call`'s end.
+    One Outcome per server."""
     servers = len(clients)
-    turns = Turns(servers, seconds, slice_s, seed)
+    turns = Turns(servers, seconds, slice_s, seed) if slice_s > 0 else None
     outs = [Outcome(mode) for _ in range(servers)]
     per_client = rate / len(clients[0])
     t0 = time.perf_counter()
 
     async def client(i: int) -> None:
         rng = random.Random(seed + i)
+        first = random.Random(f"first {seed} {i}")  # which server a call at once meets first
         due = rng.expovariate(per_client)
         n = 0
         pending: set[asyncio.Task[None]] = set()
@@ -169,12 +176,18 @@ async def _poisson(
             wait = t0 + due - time.perf_counter()
             if wait > 0:
                 await asyncio.sleep(wait)
-            k = turns.at(due)
-            # Each call on its own task: a slow answer must not delay the next send,
-            # which is the client's own schedule (an open loop).
-            task = asyncio.create_task(_timed(call(k, clients[k][i], i, n), t0 + due, outs[k]))
-            pending.add(task)
-            task.add_done_callback(pending.discard)
+            if turns is None:
+                ks = list(range(servers))
+                first.shuffle(ks)
+            else:
+                ks = [turns.at(due)]
+            for k in ks:
+                # Each call on its own task: a slow answer must not delay the next send,
+                # which is the client's own schedule (an open loop).
+                call_k = call(k, clients[k][i], i, n)
+                task = asyncio.create_task(_timed(call_k, t0 + due, outs[k]))
+                pending.add(task)
+                task.add_done_callback(pending.discard)
             due += rng.expovariate(per_client)
             n += 1
         if pending:
@@ -182,7 +195,7 @@ async def _poisson(
 
     await asyncio.gather(*(client(i) for i in range(len(clients[0]))))
     for out in outs:
-        out.elapsed_s = (time.perf_counter() - t0) / servers
+        out.elapsed_s = (time.perf_counter() - t0) / (1 if turns is None else servers)
     return outs
 
 
@@ -289,12 +302,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=1000)
     parser.add_argument("--in-flight", type=int, default=64, help="calls outstanding (sustained)")
     parser.add_argument("--jobs", type=int, default=200, help="jobs to watch (watch)")
-    parser.add_argument("--slice-s", type=float, help="seconds each server is loaded in turn")
+    parser.add_argument(
+        "--slice-s",
+        type=float,
+        help="seconds each server is loaded in turn; 0: every server at once (open, watch)",
+    )
     a = parser.parse_args(argv)
+    if a.slice_s is not None and not a.slice_s >= 0:  # also refuses NaN
+        parser.error(f"--slice-s must be >= 0 s, got {a.slice_s}")
+    sliced = a.slice_s if a.slice_s is not None else 0.25
     if a.mode == "open":
-        run = open_loop(a.address, a.rate, a.seconds, a.seed, a.slice_s or 0.25)
+        run = open_loop(a.address, a.rate, a.seconds, a.seed, sliced)
     elif a.mode == "watch":
-        run = watch_loop(a.address, a.rate, a.seconds, a.seed, a.jobs, a.slice_s or 0.25)
+        run = watch_loop(a.address, a.rate, a.seconds, a.seed, a.jobs, sliced)
+    elif a.slice_s == 0:
+        parser.error("--slice-s 0: the closed loop takes turns (module docstring)")
     else:
         run = sustained(a.address, a.in_flight, a.seconds, a.seed, a.slice_s or 1.0)
     print(json.dumps([asdict(o) for o in asyncio.run(run)]), flush=True)

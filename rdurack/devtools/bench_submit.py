@@ -7,22 +7,24 @@ two servers, each on a new store of that kind and in processes of its own
 - the floor: the bare grpcio server of bench_floor.py, making the same durable write
   (the same store class, committed and flushed before the answer) and nothing else.
 Every load comes from the load generator (bench_loadgen.py), a process of its own, the
-same for both servers: each load switches between the two in slices of SLICE_S
-(SUSTAIN_SLICE_S for the closed loop), given to each in a shuffled order, so that a
-burst of load from elsewhere falls on both alike. The whole sequence runs ROUNDS times
-over; a percentile is taken over every round's calls together, a rate is the median
-over the rounds. A first round, not counted, warms both (the servers' caches and
-connections, the rack's holds settling): the product's p99 in the first two rounds was
-twice its p99 in the others.
+same for both servers. The open loads (SubmitJob's and WatchJob's) send each scheduled
+call to both servers at the same moment, so that a stall of the machine, which sets a
+p99, delays a call of each; the closed loop switches between the two in slices of
+SUSTAIN_SLICE_S, given to each in a shuffled order, so that a burst of load from
+elsewhere falls on both alike. The whole sequence runs ROUNDS times over; a percentile
+is taken over every round's calls together, a rate is the median over the rounds. A
+first round, not counted, warms both (the servers' caches and connections, the rack's
+holds settling): the product's p99 in the first two rounds was twice its p99 in the
+others.
 
 While the figures with targets are measured, the rack's 16 sockets are held by two
 endpoint jobs (bench_servers.held): what is submitted queues, and the rack runs
 nothing. What is measured is then the control plane, admission to answer: the
 orchestrator's gRPC server, tracing, checks, validation, the durable write, waking the
 scheduler and the watchers. The loads, in order:
-1. open: 50 clients offering RATE SubmitJob calls/s in all, SERVER_S seconds on each
-   server a round (open loop: a call's latency runs from its scheduled time);
-2. watch: WatchJob streams opened at WATCH_RATE/s, SERVER_S seconds on each server a
+1. open: 50 clients offering RATE SubmitJob calls/s in all to each server, SERVER_S
+   seconds a round (open loop: a call's latency runs from its scheduled time);
+2. watch: WatchJob streams opened at WATCH_RATE/s on each server, SERVER_S seconds a
    round, each on one of the jobs submitted just before, timed from its scheduled time
    to its first event;
 3. sustained: IN_FLIGHT SubmitJob calls kept outstanding, SUSTAIN_S on each server a
@@ -62,22 +64,17 @@ from rdurack.devtools.postgres import PostgresServer
 from rdurack.errors import RdurackError
 
 RATE = 200.0  # SubmitJob calls/s offered, in all
-# Each load runs this many times on the two servers. Within a round each load switches
-# between the floor and the product in slices of SLICE_S given to each in a shuffled
-# order (bench_loadgen.Turns), so that a burst of load from elsewhere on the machine,
-# which sets a p99, falls on both alike. A percentile is taken over every round's calls
-# together (8,000 a server), a rate is the median over the rounds. Two runs' p99 ratios
-# were up to 65% apart with the two servers loaded one after the other, seconds apart;
-# up to 74% with the slices in turn (a 0.5 s timer fell on one server's slices all
-# round) and each round's p99 taken apart; 6% with both as they are now, in one pair of
-# runs, and up to 33% (SQLite) and 28% (WatchJob on PostgreSQL) in another, at six
-# rounds: a p99 rests on a few stalls of the machine, each in one server's slice. Ten
-# rounds take the p99 over 8,000 calls a server (the 80th slowest), not 4,800; in four
-# runs of ten the widest gaps were still 9-41% (docs/benchmarks.md, "Two runs").
+# Each load runs this many times on the two servers. A percentile is taken over every
+# round's calls together (8,000 a server), a rate is the median over the rounds. The
+# open loads call both servers at once (bench_loadgen.py): a p99 rests on a few stalls
+# of the machine, and loaded in turns each stall fell in one server's slice. Two floor
+# servers against each other (the same code, the same store), in turns in shuffled
+# slices of 0.25 s: their p99 ratios in three runs 1.18, 1.09 and 0.77 (SubmitJob),
+# 1.19, 0.94 and 1.16 (WatchJob); at once, 0.94, 1.01, 0.94 and 1.00, 0.98, 1.01
+# (docs/benchmarks.md, "How the loads are run").
 ROUNDS = 10
 RUNNING_ROUNDS = 2  # of the open load while the rack runs its queue (no target)
-SLICE_S = 0.25
-SERVER_S = 4.0  # seconds of each load on each server, each round
+SERVER_S = 4.0  # seconds of each open load on both servers at once, each round
 # WatchJob streams opened per second: the SubmitJob load's offered rate, as the issue
 # holds watch streams to "the same bound" (and twice the streams of the 100/s before:
 # the p99 is the 80th slowest of some 8,000 a server, not the 40th of 4,000; at 100/s
@@ -92,10 +89,10 @@ P99_RATIO = 3.0  # the issue's: p99 at most 3x the floor's
 P99_MS = 25.0  # ... and at most 25 ms
 SUSTAINED_PER_S = 1000.0
 LOAD_TIMEOUT_S = 180.0
-_SLICED = ("--seconds", f"{2 * SERVER_S:g}", "--slice-s", f"{SLICE_S:g}")
+_AT_ONCE = ("--seconds", f"{SERVER_S:g}", "--slice-s", "0")
 LOADS = {
-    "open": ("--rate", f"{RATE:g}", *_SLICED),
-    "watch": ("--rate", f"{WATCH_RATE:g}", *_SLICED),
+    "open": ("--rate", f"{RATE:g}", *_AT_ONCE),
+    "watch": ("--rate", f"{WATCH_RATE:g}", *_AT_ONCE),
     "sustained": (
         "--in-flight",
         str(IN_FLIGHT),

@@ -20,7 +20,7 @@ from typing import Any, cast
 import numpy as np
 import pytest
 
-from rdurack.devtools import bench_submit, bench_up_floor
+from rdurack.devtools import bench_loadgen, bench_submit, bench_up_floor
 from rdurack.devtools.bench_bare import Member
 from rdurack.devtools.bench_floor import serve
 from rdurack.devtools.bench_loadgen import (
@@ -103,6 +103,53 @@ def test_a_load_on_two_servers_sends_each_slice_to_one_in_turn(tmp_path: Path) -
         finally:
             for server, _ in servers:
                 server.stop(0).wait()
+
+
+def test_a_load_at_once_sends_every_call_to_each_server(tmp_path: Path) -> None:
+    rate, seconds, seed = 100.0, 0.5, 7
+    scheduled, last = 0, 0.0  # the clients' seeded schedules, each call for both servers
+    for i in range(CLIENTS):
+        rng = random.Random(seed + i)
+        due = rng.expovariate(rate / CLIENTS)
+        while due < seconds:
+            scheduled, last = scheduled + 1, max(last, due)
+            due += rng.expovariate(rate / CLIENTS)
+    with (
+        JobStore(tmp_path / "a.sqlite") as a,
+        JobStore(tmp_path / "b.sqlite") as b,
+        ThreadPoolExecutor(4) as quick,
+    ):
+        servers = [serve(a, quick), serve(b, quick)]
+        try:
+            outs = asyncio.run(open_loop([x for _, x in servers], rate, seconds, seed, 0))
+            assert [o.calls for o in outs] == [scheduled, scheduled] and scheduled > 0
+            assert all(o.errors == 0 and len(o.latencies_ms) == o.calls for o in outs)
+            assert [len(a.list()), len(b.list())] == [scheduled + CLIENTS] * 2
+            # Each server was loaded the whole time, not half of it (as in turns).
+            assert all(o.elapsed_s >= last for o in outs)
+            # The watch load at once: every scheduled stream opened on each server.
+            addresses = [x for _, x in servers]
+            watched = asyncio.run(watch_loop(addresses, rate, seconds, seed, jobs=3, slice_s=0))
+            assert [o.calls for o in watched] == [scheduled, scheduled]
+            assert all(o.errors == 0 for o in watched)
+        finally:
+            for server, _ in servers:
+                server.stop(0).wait()
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["open", "--slice-s", "-1"], "--slice-s must be >= 0 s, got -1.0"),
+        (["sustained", "--slice-s", "0"], "the closed loop takes turns"),
+    ],
+)
+def test_the_load_generator_refuses_a_slice_it_cannot_keep(
+    args: list[str], says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        bench_loadgen.main([*args, "--address", "127.0.0.1:1"])
+    assert exit_.value.code == 2 and says in capsys.readouterr().err
 
 
 def test_turns_give_each_server_its_share_of_slices_in_a_seeded_order() -> None:
