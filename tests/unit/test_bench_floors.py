@@ -227,6 +227,7 @@ def _outcome(
 def test_the_submit_figures_are_the_loads_percentiles_beside_the_floors() -> None:
     fast = [float(ms) for ms in range(1, 101)]  # 1..100 ms
     slow = [2 * ms for ms in fast]
+    quick = [ms / 10 for ms in fast]  # in turns: the machine carries one load at a time
 
     def rounds(mode: str, *latencies: list[float]) -> list[Outcome]:
         return [_outcome(mode, ms) for ms in latencies]
@@ -237,26 +238,30 @@ def test_the_submit_figures_are_the_loads_percentiles_beside_the_floors() -> Non
     # A percentile is over every round's calls together: slow's, split over two rounds,
     # is slow's own (each half's p99 would be far apart).
     floor = {"open": rounds("open", fast[:60], fast[60:]), "watch": rounds("watch", fast),
+             "open in turns": rounds("open", quick), "watch in turns": rounds("watch", quick),
              "sustained": [_outcome("sustained", [], calls=2000, elapsed_s=2.0)]}  # fmt: skip
     product = {"open": rounds("open", slow[:60], slow[60:]), "watch": rounds("watch", fast),
+               "open in turns": rounds("open", fast), "watch in turns": rounds("watch", quick),
                "sustained": [_outcome("sustained", [], calls=c, elapsed_s=2.0)
                              for c in (1200, 100, 1300)]}  # fmt: skip
     hot, hotter = [10 * ms for ms in fast], [12 * ms for ms in fast]
     running = rounds("open", hot, hotter)
     figures = {f.name: f for f in bench_submit.figures("S", floor, product, running)}
     at = "200 calls/s offered, S"
-    latency = figures[f"SubmitJob latency p99, {at}"]
+    # The ratio is held on the loads at once.
+    latency = figures[f"SubmitJob latency p99, {at}, at once with its floor"]
     assert (latency.value, latency.floor) == pytest.approx((p99(slow), p99(fast)))
     assert latency.ratio == pytest.approx(2.0)
     assert latency.target == 3.0 and latency.met is True
-    absolute = figures[f"SubmitJob latency p99, {at}: absolute"]
-    # The 25 ms, held on the value (199 ms: missed), beside the same floor and ratio.
-    assert (absolute.value, absolute.floor, absolute.ratio) == (
-        latency.value,
-        latency.floor,
-        latency.ratio,
-    )
+    # The 25 ms on the loads in turns, held on the value (99 ms: missed), beside
+    # the floor in turns and the ratio.
+    absolute = figures[f"SubmitJob latency p99, {at}, in turns with its floor: absolute"]
+    assert (absolute.value, absolute.floor) == pytest.approx((p99(fast), p99(quick)))
+    assert absolute.ratio == pytest.approx(10.0)
     assert (absolute.target, absolute.holds, absolute.met) == (25.0, "value", False)
+    opened = "WatchJob first event p99, 200 streams/s opened, S"
+    watched = figures[f"{opened}, in turns with its floor: absolute"]
+    assert watched.value == pytest.approx(p99(quick)) and watched.met is True
     # A rate is the median over the rounds: the round at 50 calls/s is out.
     rate = figures["SubmitJob calls/s sustained, 64 in flight, S"]
     assert (rate.value, rate.floor, rate.ratio, rate.target) == (600.0, 1000.0, 0.6, None)
@@ -264,13 +269,14 @@ def test_the_submit_figures_are_the_loads_percentiles_beside_the_floors() -> Non
     assert (sustained.floor, sustained.holds, sustained.met) == (1000.0, "value", False)
     busy = figures[f"SubmitJob latency p99, {at}, the rack running its queue"]
     assert busy.value == pytest.approx(p99(hot, hotter)) and busy.target is None
+    assert busy.floor == pytest.approx(p99(quick))  # beside the floor alone, in turns
     assert figures["calls failed in these loads, S"].value == 0
 
 
 def test_a_floor_that_failed_calls_fails_the_benchmark() -> None:
     broken = _outcome("open", [1.0, 2.0])
     broken.failed(RuntimeError("UNAVAILABLE"))
-    fine = {m: [_outcome(m, [1.0, 2.0])] for m in ("open", "watch", "sustained")}
+    fine = {name: [_outcome(name, [1.0, 2.0])] for name in bench_submit.LOADS}
     with pytest.raises(RdurackError, match="UNAVAILABLE"):
         bench_submit.figures("S", {**fine, "open": [broken]}, fine, fine["open"])
 
