@@ -70,71 +70,76 @@ def test_the_floor_stores_each_submission_durably_and_streams_its_events(
     assert not held.latencies_ms  # a closed loop counts calls, it does not time them
 
 
-def test_a_load_on_two_servers_sends_each_slice_to_one_in_turn(tmp_path: Path) -> None:
+def _due_s(rate: float, seconds: float, seed: int) -> list[float]:
+    """Every call the load generator's clients schedule within `seconds` (their seeded
+    Poisson schedules, `rate` calls/s in all): each call's due time, seconds."""
+    due_s: list[float] = []
+    for i in range(CLIENTS):
+        rng = random.Random(seed + i)
+        due = rng.expovariate(rate / CLIENTS)
+        while due < seconds:
+            due_s.append(due)
+            due += rng.expovariate(rate / CLIENTS)
+    return due_s
+
+
+@pytest.fixture
+def two_floors(tmp_path: Path) -> Iterator[tuple[list[JobStore], list[str]]]:
+    """Two bare floor servers, each on a SQLite store of its own: the stores, the
+    addresses."""
+    with (
+        JobStore(tmp_path / "a.sqlite") as a,
+        JobStore(tmp_path / "b.sqlite") as b,
+        ThreadPoolExecutor(4) as quick,
+    ):
+        servers = [serve(a, quick), serve(b, quick)]
+        try:
+            yield [a, b], [address for _, address in servers]
+        finally:
+            for server, _ in servers:
+                server.stop(0).wait()
+
+
+def test_a_load_on_two_servers_sends_each_slice_to_one_in_turn(
+    two_floors: tuple[list[JobStore], list[str]],
+) -> None:
     rate, seconds, seed, slice_s = 100.0, 1.0, 7, 0.25
+    (a, b), addresses = two_floors
     # The calls each server should get: the clients' seeded schedules, slice by slice.
     expected = [0, 0]
     turns = Turns(2, seconds, slice_s, seed)
-    for i in range(CLIENTS):
-        rng = random.Random(seed + i)
-        due = rng.expovariate(rate / CLIENTS)
-        while due < seconds:
-            expected[turns.at(due)] += 1
-            due += rng.expovariate(rate / CLIENTS)
-    with (
-        JobStore(tmp_path / "a.sqlite") as a,
-        JobStore(tmp_path / "b.sqlite") as b,
-        ThreadPoolExecutor(4) as quick,
-    ):
-        servers = [serve(a, quick), serve(b, quick)]
-        addresses = [x for _, x in servers]
-        try:
-            outs = asyncio.run(open_loop(addresses, rate, seconds, seed, slice_s))
-            assert [o.calls for o in outs] == expected and min(expected) > 0
-            assert all(o.errors == 0 and len(o.latencies_ms) == o.calls for o in outs)
-            # Each store holds the calls its server answered, and the clients' warm-ups.
-            assert [len(a.list()), len(b.list())] == [n + CLIENTS for n in expected]
-            # The closed loop takes turns too: each call counts for the server it went to.
-            held = asyncio.run(sustained(addresses, 4, seconds=0.4, seed=seed, slice_s=0.1))
-            assert all(o.errors == 0 and o.calls > 0 for o in held)
-            warm_ups = CLIENTS + CHANNELS
-            got = [len(a.list()), len(b.list())]
-            assert got == [n + warm_ups + h.calls for n, h in zip(expected, held, strict=True)]
-        finally:
-            for server, _ in servers:
-                server.stop(0).wait()
+    for due in _due_s(rate, seconds, seed):
+        expected[turns.at(due)] += 1
+    outs = asyncio.run(open_loop(addresses, rate, seconds, seed, slice_s))
+    assert [o.calls for o in outs] == expected and min(expected) > 0
+    assert all(o.errors == 0 and len(o.latencies_ms) == o.calls for o in outs)
+    # Each store holds the calls its server answered, and the clients' warm-ups.
+    assert [len(a.list()), len(b.list())] == [n + CLIENTS for n in expected]
+    # The closed loop takes turns too: each call counts for the server it went to.
+    held = asyncio.run(sustained(addresses, 4, seconds=0.4, seed=seed, slice_s=0.1))
+    assert all(o.errors == 0 and o.calls > 0 for o in held)
+    warm_ups = CLIENTS + CHANNELS
+    got = [len(a.list()), len(b.list())]
+    assert got == [n + warm_ups + h.calls for n, h in zip(expected, held, strict=True)]
 
 
-def test_a_load_at_once_sends_every_call_to_each_server(tmp_path: Path) -> None:
+def test_a_load_at_once_sends_every_call_to_each_server(
+    two_floors: tuple[list[JobStore], list[str]],
+) -> None:
     rate, seconds, seed = 100.0, 0.5, 7
-    scheduled, last = 0, 0.0  # the clients' seeded schedules, each call for both servers
-    for i in range(CLIENTS):
-        rng = random.Random(seed + i)
-        due = rng.expovariate(rate / CLIENTS)
-        while due < seconds:
-            scheduled, last = scheduled + 1, max(last, due)
-            due += rng.expovariate(rate / CLIENTS)
-    with (
-        JobStore(tmp_path / "a.sqlite") as a,
-        JobStore(tmp_path / "b.sqlite") as b,
-        ThreadPoolExecutor(4) as quick,
-    ):
-        servers = [serve(a, quick), serve(b, quick)]
-        try:
-            outs = asyncio.run(open_loop([x for _, x in servers], rate, seconds, seed, 0))
-            assert [o.calls for o in outs] == [scheduled, scheduled] and scheduled > 0
-            assert all(o.errors == 0 and len(o.latencies_ms) == o.calls for o in outs)
-            assert [len(a.list()), len(b.list())] == [scheduled + CLIENTS] * 2
-            # Each server was loaded the whole time, not half of it (as in turns).
-            assert all(o.elapsed_s >= last for o in outs)
-            # The watch load at once: every scheduled stream opened on each server.
-            addresses = [x for _, x in servers]
-            watched = asyncio.run(watch_loop(addresses, rate, seconds, seed, jobs=3, slice_s=0))
-            assert [o.calls for o in watched] == [scheduled, scheduled]
-            assert all(o.errors == 0 for o in watched)
-        finally:
-            for server, _ in servers:
-                server.stop(0).wait()
+    (a, b), addresses = two_floors
+    due_s = _due_s(rate, seconds, seed)  # each call for both servers
+    scheduled = len(due_s)
+    outs = asyncio.run(open_loop(addresses, rate, seconds, seed, 0))
+    assert [o.calls for o in outs] == [scheduled, scheduled] and scheduled > 0
+    assert all(o.errors == 0 and len(o.latencies_ms) == o.calls for o in outs)
+    assert [len(a.list()), len(b.list())] == [scheduled + CLIENTS] * 2
+    # Each server was loaded the whole time, not half of it (as in turns).
+    assert all(o.elapsed_s >= max(due_s) for o in outs)
+    # The watch load at once: every scheduled stream opened on each server.
+    watched = asyncio.run(watch_loop(addresses, rate, seconds, seed, jobs=3, slice_s=0))
+    assert [o.calls for o in watched] == [scheduled, scheduled]
+    assert all(o.errors == 0 for o in watched)
 
 
 @pytest.mark.parametrize(
