@@ -78,9 +78,9 @@ RATE = 200.0  # SubmitJob calls/s offered, in all
 # against each other (the same code, the same store), in turns in shuffled slices of
 # 0.25 s: their p99 ratios in three runs 1.18, 1.09 and 0.77 (SubmitJob), 1.19, 0.94
 # and 1.16 (WatchJob); at once, 0.94, 1.01, 0.94 and 1.00, 0.98, 1.01. But at once every
-# p99 is higher, the floors' too (SubmitJob's on SQLite 13-16 ms in three runs, against
-# 8-9 in turns), so the absolute bounds are held in turns (docs/benchmarks.md, "How the
-# loads are run").
+# p99 is higher, the floors' too (SubmitJob's floor on SQLite 12-17 ms in six runs,
+# against 8-10 in turns in four), so the absolute bounds are held in turns
+# (docs/benchmarks.md, "How the loads are run").
 ROUNDS = 10
 RUNNING_ROUNDS = 2  # of the open load while the rack runs its queue (no target)
 SLICE_S = 0.25  # the open loads' slices in turns
