@@ -345,3 +345,30 @@ def test_the_torch_bench_reads_rank_0s_figures_or_says_what_the_script_printed()
     assert _figures(out) == {"step_s": 0.5, "all_reduce_s": 0.2, "bytes": 8}
     with pytest.raises(RuntimeError, match="printed no figures:\nTraceback"):
         _figures("Traceback (most recent call last): ...")
+
+
+def test_the_torch_figures_are_the_medians_of_runs_in_turns_with_gloo(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from rdurack.devtools import bench_torch
+
+    calls: list[str] = []
+    gloo = iter([0.10, 0.30, 0.20])  # step seconds, run by run
+    rack = iter([1.5, 0.5, 0.9])
+
+    def on(name: str, steps: Any) -> Callable[[], dict[str, float]]:
+        def run() -> dict[str, float]:
+            calls.append(name)
+            step = next(steps)
+            return {"step_s": step, "all_reduce_s": step / 2, "bytes": 2_100_000}
+
+        return run
+
+    monkeypatch.setattr(bench_torch, "RUNS", 3)
+    monkeypatch.setattr(bench_torch, "on_gloo", on("gloo", gloo))
+    monkeypatch.setattr(bench_torch, "on_rack", on("rack", rack))
+    step, all_reduce = bench_torch.bench_torch()
+    assert calls == ["gloo", "rack"] * 3
+    assert (step.value, step.floor) == pytest.approx((900.0, 200.0))
+    assert (all_reduce.value, all_reduce.floor) == pytest.approx((450.0, 100.0))
+    assert "2.1 MB" in all_reduce.name
