@@ -22,6 +22,7 @@ agents x 8 sockets, the orchestrator, each its own process), then gRPC clients.
 
 from __future__ import annotations
 
+import itertools
 import statistics
 import tempfile
 import time
@@ -33,9 +34,11 @@ from rdurack.devtools.bench_figure import BenchFigure
 from rdurack.devtools.bench_load import RPC_TIMEOUT_S
 from rdurack.devtools.bench_loadgen import small_job
 from rdurack.devtools.bench_predictor import COE_RATE_PER_S, engine_rate
+from rdurack.devtools.bench_rack_floors import ups_in_turns
 from rdurack.devtools.ports import free_port
 from rdurack.errors import RdurackError
 from rdurack.processes import local_rack
+from rdurack.processes.rack_record import RackProcesses
 from rdurack.v1 import common_pb2, job_pb2, job_pb2_grpc
 
 BATCH = 200
@@ -121,16 +124,18 @@ def _coe_rate(address: str, requests: int = COE_REQUESTS) -> BenchFigure:
 
 def bench_control() -> list[BenchFigure]:
     with tempfile.TemporaryDirectory(prefix="rdurack-bench-") as tmp:
-        ups: list[float] = []
-        floors: list[float] = []
-        for i in range(UPS):
-            floors.append(bench_up_floor.up_s())  # its own Ray: while no rack is up
-            state = Path(tmp) / f"rack-{i}"
+        racks = itertools.count()
+
+        def up() -> tuple[float, RackProcesses]:
             start = time.perf_counter()
-            rack = local_rack.up(state, port=free_port())
-            ups.append(time.perf_counter() - start)
-            if i < UPS - 1:
-                local_rack.down(state)
+            rack = local_rack.up(Path(tmp) / f"rack-{next(racks)}", port=free_port())
+            return time.perf_counter() - start, rack
+
+        def down(rack: RackProcesses) -> None:
+            local_rack.down(rack.state_dir)
+
+        # The floor on its own Ray, while no rack is up.
+        ups, floors, rack = ups_in_turns(bench_up_floor.up_s, up, down, UPS)
         try:  # the figures below on the last rack brought up
             figures = [_coe_rate(rack.orchestrator)]  # first: an idle rack
             figures.append(_scheduling_rate(rack.orchestrator))
@@ -141,7 +146,9 @@ def bench_control() -> list[BenchFigure]:
             figures += bench_load.watch_streams(rack.orchestrator)
             figures += bench_load.many_submissions(rack.orchestrator)
         finally:
-            local_rack.down(state)
+            down(rack)
     up_s, floor = statistics.median(ups), statistics.median(floors)
-    up = BenchFigure("rdu up to ready", up_s, "s", UP_TARGET_S, "lower", floor, absolute=True)
-    return [up, *figures]
+    up_figure = BenchFigure(
+        "rdu up to ready", up_s, "s", UP_TARGET_S, "lower", floor, absolute=True
+    )
+    return [up_figure, *figures]

@@ -61,17 +61,9 @@ def _down(agents: list[NodeAgent]) -> None:
 
 def bench_rack() -> list[BenchFigure]:
     # The bring-up and its floor take turns, BRING_UPS times each, the floor once more
-    # at the end (the median of each): a single bring-up moved 20% between two runs.
-    bring_ups: list[float] = []
-    floor_ups: list[float] = []
-    for _ in range(BRING_UPS - 1):
-        floor_ups.append(floors.bring_up_s())
-        took, agents = _up()
-        bring_ups.append(took)
-        _down(agents)
-    floor_ups.append(floors.bring_up_s())
-    took, agents = _up()
-    bring_ups.append(took)
+    # after the last rack is down (the median of each): one bring-up moved 20% between
+    # two runs.
+    bring_ups, floor_ups, agents = floors.ups_in_turns(floors.bring_up_s, _up, _down, BRING_UPS)
     idle_pss = rack_pss_bytes()  # the rack itself, before any payload is put on it
     try:
         for a in agents:

@@ -21,7 +21,7 @@ import statistics
 import time
 from collections.abc import Callable, Iterator
 from concurrent import futures
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 import ray
@@ -30,6 +30,7 @@ from rdurack.devtools.bench_bare import BareActor, MemberActor
 from rdurack.errors import RdurackError
 from rdurack.node_agent.actors import start_ray
 
+T = TypeVar("T")
 RUNS = 7  # with 3, the link's ratio moved 43% between two runs
 ACTORS = 16  # the rack's sockets
 SERVERS = 2  # the rack's node agents
@@ -54,6 +55,26 @@ def alternate(
         times[0].append(product())
         times[1].append(floor())
     return statistics.median(times[0]), statistics.median(times[1])
+
+
+def ups_in_turns(
+    floor: Callable[[], float],
+    up: Callable[[], tuple[float, T]],
+    down: Callable[[T], None],
+    times: int,
+) -> tuple[list[float], list[float], T]:
+    """A bring-up and its floor in turns, `times` each, the floor first, each bring-up
+    but the last taken down before the next floor: (the bring-ups' seconds, the
+    floor's, what the last bring-up brought up, left up for the figures after it)."""
+    ups: list[float] = []
+    floors: list[float] = []
+    for i in range(times):
+        floors.append(floor())
+        took, kept = up()
+        ups.append(took)
+        if i < times - 1:
+            down(kept)
+    return ups, floors, kept
 
 
 def bring_up_s(actors: int = ACTORS, servers: int = SERVERS) -> float:

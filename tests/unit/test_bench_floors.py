@@ -32,7 +32,7 @@ from rdurack.devtools.bench_loadgen import (
     sustained,
     watch_loop,
 )
-from rdurack.devtools.bench_rack_floors import alternate
+from rdurack.devtools.bench_rack_floors import alternate, ups_in_turns
 from rdurack.devtools.bench_servers import without_password
 from rdurack.errors import RdurackError
 from rdurack.orchestrator.jobs import JobState
@@ -220,6 +220,26 @@ def test_a_figure_and_its_floor_take_turns_and_each_keeps_its_median() -> None:
     floor = timed("floor", [9.0, 0.5, 0.7, 0.6])
     assert alternate(product, floor, runs=3) == (2.0, 0.6)
     assert calls == ["product", "floor"] * 4
+
+
+def test_bring_ups_take_turns_with_their_floor_and_the_last_stays_up() -> None:
+    calls: list[str] = []
+    floors = iter([5.0, 6.0, 7.0])
+
+    def floor() -> float:
+        calls.append("floor")
+        return next(floors)
+
+    def up() -> tuple[float, int]:
+        rack = sum(c.startswith("up") for c in calls)
+        calls.append(f"up {rack}")
+        return 10.0 + rack, rack
+
+    def down(rack: int) -> None:
+        calls.append(f"down {rack}")
+
+    assert ups_in_turns(floor, up, down, times=3) == ([10.0, 11.0, 12.0], [5.0, 6.0, 7.0], 2)
+    assert calls == ["floor", "up 0", "down 0", "floor", "up 1", "down 1", "floor", "up 2"]
 
 
 def _outcome(
