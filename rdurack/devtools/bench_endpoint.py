@@ -10,12 +10,18 @@ floor in the same run.
   its TTFT (send to first token) and its mean inter-token gap; the endpoint's `usage`
   says the emulated ones. Floor: the same 32 clients against a bare FastAPI app that
   streams at once; its TTFT is what the clients and the HTTP stack take on this
-  machine, and is taken off the clients' TTFT. A run holds when TTFT and gap agree at
-  p50 and p99 over the clients, within 10% or 5 ms, whichever is larger (the issue's
-  bound). The figure is the highest aggregate emulated token rate up to which every run
-  holds; the target is about 1,000 tokens/s (llama3.1-405b on 16 sockets), held on the
-  value. Its floor: the aggregate tokens/s the bare app streams to the same 32 clients,
-  64 tokens each, as fast as it can: what this machine's HTTP stack and clients carry.
+  machine, and is taken off the clients' TTFT. A burst holds when TTFT and gap agree
+  at p50 and p99 over the clients, within 10% or 5 ms, whichever is larger (the issue's
+  bound). Every server, the bare app's too, first takes one burst that is not counted:
+  a fresh server's first burst paid its cold start (the bare app's TTFT p99 32 ms cold,
+  12-18 ms warm, in one run), which moved the floor and the misses from run to run.
+  Then BURSTS bursts each; the floor's percentiles are their medians, and a run's miss
+  is its median burst's. The target, the issue's, is on the run at about 1,000
+  aggregate tokens/s (llama3.1-405b on 16 sockets): its largest miss at most its bound.
+  Reported beside it, with no target: the highest aggregate emulated token rate up to
+  which every run holds, and its floor, the aggregate tokens/s the bare app streams to
+  the same 32 clients, 64 tokens each, as fast as it can: what this machine's HTTP
+  stack and clients carry.
 
 Each `rdu serve` is its own process, as users run it, so the clients' event loop does
 not share the server's interpreter.
@@ -27,6 +33,7 @@ import asyncio
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -46,12 +53,18 @@ from rdurack.devtools.ports import free_port
 RDU = [sys.executable, "-m", "rdurack.cli.main"]
 CLIENTS, TOKENS = 32, 64
 PACING_REL, PACING_ABS_S = 0.10, 0.005
-PACING_TARGET = 1000.0  # tokens/s: the issue's "about 1,000" (llama3.1-405b on 16)
+# The issue's bound holds "at an aggregate emulated rate of about 1,000 tokens/s (for
+# example llama3.1-405b on 16 sockets)": that run carries the target; the faster ones
+# find where pacing stops holding on this machine, which the issue asks reported.
+PACING_TARGET_RUN = ("llama3.1-405b", 16)
 FLOOR_TTFT_TOKENS = 2  # the TTFT floor's streams: their first token is what counts
+BURSTS = 3  # counted bursts of CLIENTS streams per server, after one not counted
 # From slow to fast: the aggregate emulated rate grows down the list.
 PACING_RUNS = [("llama3.1-405b", 16), ("llama3.1-70b", 8), ("llama3.1-70b", 16),
                ("llama3.1-8b", 4), ("llama3.1-8b", 16)]  # fmt: skip
 THROUGHPUT_REQUESTS, THROUGHPUT_CLIENTS = 400, 16
+# One burst: each client's TTFT and mean gap (s), and the endpoint's usage.
+Streams = list[tuple[float, float, dict[str, float]]]
 
 
 @contextmanager
@@ -236,9 +249,7 @@ def _request(port: int, model: str, tokens: int) -> bytes:
     return head.encode() + body
 
 
-async def _streams(
-    url: str, model: str, tokens: int = TOKENS
-) -> list[tuple[float, float, dict[str, float]]]:
+async def _streams(url: str, model: str, tokens: int = TOKENS) -> Streams:
     """CLIENTS streams of `tokens` at once, over connections opened beforehand."""
     port = int(url.rsplit(":", 1)[1])
     opened = [await asyncio.open_connection("127.0.0.1", port) for _ in range(CLIENTS)]
@@ -251,7 +262,22 @@ async def _streams(
             c.writer.close()
 
 
-def _pacing(runs: list[tuple[float, float, dict[str, float]]], floor: list[float]) -> Pacing:
+def _bursts(url: str, model: str, tokens: int = TOKENS) -> list[Streams]:
+    """BURSTS bursts of CLIENTS streams, after one that is not counted (a fresh server's
+    first pays its cold start)."""
+    asyncio.run(_streams(url, model, tokens))
+    return [asyncio.run(_streams(url, model, tokens)) for _ in range(BURSTS)]
+
+
+def _floor(bursts: list[Streams]) -> dict[int, float]:
+    """The TTFT floor at p50 and p99 (s): the median over the bursts of each's."""
+    return {
+        q: statistics.median(float(np.percentile([t for t, _, _ in b], q)) for b in bursts)
+        for q in (50, 99)
+    }
+
+
+def _pacing(runs: Streams, floor: dict[int, float]) -> Pacing:
     ttft = [t for t, _, _ in runs]
     gap = [g for _, g, _ in runs]
     e_ttft = [u["time_to_first_token"] for _, _, u in runs]
@@ -259,7 +285,7 @@ def _pacing(runs: list[tuple[float, float, dict[str, float]]], floor: list[float
     worst = 0.0
     for q in (50, 99):
         pairs = (
-            (np.percentile(ttft, q) - np.percentile(floor, q), np.percentile(e_ttft, q)),
+            (np.percentile(ttft, q) - floor[q], np.percentile(e_ttft, q)),
             (np.percentile(gap, q), np.percentile(e_gap, q)),
         )
         for measured, emulated in pairs:
@@ -272,24 +298,26 @@ def _pacing(runs: list[tuple[float, float, dict[str, float]]], floor: list[float
 
 def bench_pacing() -> list[BenchFigure]:
     with _bare() as url:
-        floor = [t for t, _, _ in asyncio.run(_streams(url, "m", FLOOR_TTFT_TOKENS))]
-        bare = asyncio.run(_streams(url, "m"))
+        floor = _floor(_bursts(url, "m", FLOOR_TTFT_TOKENS))
+        bare = asyncio.run(_streams(url, "m"))  # warm by now
     # The bare app's aggregate token rate: all start at once, until the last token.
     bare_rate = CLIENTS * TOKENS / max(t + g * (TOKENS - 1) for t, g, _ in bare)
     figures = [
-        BenchFigure(f"floor: TTFT of {CLIENTS} streams from a bare FastAPI app, p50",
-                    1e3 * float(np.percentile(floor, 50)), "ms", None, "lower"),
-        BenchFigure(f"floor: TTFT of {CLIENTS} streams from a bare FastAPI app, p99",
-                    1e3 * float(np.percentile(floor, 99)), "ms", None, "lower"),
+        BenchFigure(f"floor: TTFT of {CLIENTS} streams from a bare FastAPI app, p{q} "
+                    f"(median of {BURSTS} bursts)", 1e3 * floor[q], "ms", None, "lower")
+        for q in (50, 99)
     ]  # fmt: skip
     runs = []
     for model, sockets in PACING_RUNS:
         with _rdu_serve(model, sockets, 1.0) as url:
-            p = _pacing(asyncio.run(_streams(url, model)), floor)
+            bursts = sorted((_pacing(b, floor) for b in _bursts(url, model)), key=lambda p: p.worst)
+        p = bursts[len(bursts) // 2]  # the median burst
         runs.append(p)
+        target = 1.0 if (model, sockets) == PACING_TARGET_RUN else None
         figures.append(BenchFigure(
-            f"pacing: {model} on {sockets} sockets, {CLIENTS} streams, largest miss "
-            f"({p.rate:,.0f} tokens/s)", p.worst, "x bound", 1.0, "lower"))  # fmt: skip
+            f"pacing: {model} on {sockets} sockets, {CLIENTS} streams, largest miss, median "
+            f"of {BURSTS} bursts ({p.rate:,.0f} tokens/s)", p.worst, "x bound", target,
+            "lower"))  # fmt: skip
     # The highest rate up to which every run held (a run that held above one that
     # missed does not count).
     held = 0.0
@@ -298,8 +326,10 @@ def bench_pacing() -> list[BenchFigure]:
             break
         held = p.rate
     what = f"every run: TTFT beyond the floor's and ITL within 10% or 5 ms, {CLIENTS} streams"
-    figures.append(BenchFigure(f"pacing holds up to ({what})", held, "tokens/s",
-                               PACING_TARGET, "higher", bare_rate, absolute=True))  # fmt: skip
+    # Reported, as the issue asks, with no target of its own: a threshold on the runs'
+    # ladder, it moves by a whole step when a run sits at its bound.
+    figures.append(BenchFigure(f"pacing holds up to ({what})", held, "tokens/s", None,
+                               "higher", bare_rate))  # fmt: skip
     return figures
 
 
