@@ -27,7 +27,7 @@ import grpc
 import ray
 
 from rdurack.devtools.bench_bare import BareActor, MemberActor
-from rdurack.errors import RdurackError
+from rdurack.errors import InvalidRequest, RdurackError
 from rdurack.node_agent.actors import start_ray
 
 T = TypeVar("T")
@@ -66,6 +66,8 @@ def ups_in_turns(
     """A bring-up and its floor in turns, `times` each, the floor first, each bring-up
     but the last taken down before the next floor: (the bring-ups' seconds, the
     floor's, what the last bring-up brought up, left up for the figures after it)."""
+    if times < 1:  # nothing would be up for the figures after it
+        raise InvalidRequest(f"bring-ups in turns: times must be at least 1, not {times}")
     ups: list[float] = []
     floors: list[float] = []
     for i in range(times):

@@ -34,7 +34,7 @@ from rdurack.devtools.bench_loadgen import (
 )
 from rdurack.devtools.bench_rack_floors import alternate, ups_in_turns
 from rdurack.devtools.bench_servers import without_password
-from rdurack.errors import RdurackError
+from rdurack.errors import InvalidRequest, RdurackError
 from rdurack.orchestrator.jobs import JobState
 from rdurack.orchestrator.store import JobStore
 from rdurack.processes import children
@@ -240,6 +240,14 @@ def test_bring_ups_take_turns_with_their_floor_and_the_last_stays_up() -> None:
 
     assert ups_in_turns(floor, up, down, times=3) == ([10.0, 11.0, 12.0], [5.0, 6.0, 7.0], 2)
     assert calls == ["floor", "up 0", "down 0", "floor", "up 1", "down 1", "floor", "up 2"]
+
+
+def test_bring_ups_in_turns_need_at_least_one() -> None:
+    def never(*_: Any) -> Any:
+        raise AssertionError("nothing may be brought up")
+
+    with pytest.raises(InvalidRequest, match="at least 1, not 0"):
+        ups_in_turns(never, never, never, times=0)
 
 
 def _outcome(
