@@ -7,7 +7,8 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 import grpc  # type: ignore[import-untyped, unused-ignore]
 import numpy as np
@@ -569,6 +570,58 @@ def test_a_stream_carries_several_transfers_each_handed_over_at_its_header(
     assert b.receive("s", 2, A, timeout_s=1).payload(1.0) == b"de"
 
 
+def _whole(transfer_id: str, step: int, data: bytes | None) -> link_pb2.TransferChunk:
+    """A whole transfer in one chunk (None: timing-only)."""
+    header = _header(transfer_id, step, len(data or b""), timing_only=data is None).header
+    return link_pb2.TransferChunk(whole=link_pb2.Delivery(header=header, data=data or b""))
+
+
+def test_a_stream_carries_whole_transfers_among_chunked_ones(
+    trio: tuple[LinkEndpoint, ...],
+) -> None:
+    _, b, _ = trio
+    chunks = [
+        _whole("w-0", 0, b"abc"),
+        _whole("w-1", 1, None),
+        _header("w-2", 2, 2),
+        link_pb2.TransferChunk(data=b"de"),
+        _whole("w-3", 3, b"f"),
+    ]
+    with _raw_stub(b) as stub:
+        assert stub.Transfer(iter(chunks), timeout=10).bytes_received == 6
+    assert b.receive("s", 0, A, timeout_s=1).payload(1.0) == b"abc"
+    assert b.receive("s", 1, A, timeout_s=1).parts is None  # timing-only
+    assert b.receive("s", 2, A, timeout_s=1).payload(1.0) == b"de"
+    assert b.receive("s", 3, A, timeout_s=1).payload(1.0) == b"f"
+
+
+def _whole_of(total: int, data: bytes) -> link_pb2.TransferChunk:
+    """A whole chunk whose header declares `total` bytes, carrying `data`."""
+    header = _header("x-0", 0, total).header
+    return link_pb2.TransferChunk(whole=link_pb2.Delivery(header=header, data=data))
+
+
+@pytest.mark.parametrize(
+    ("chunks", "says"),
+    [
+        ([_whole_of(3, b"ab")], "carried 2 bytes, header.total_bytes declares 3"),
+        ([_whole("x-0", 0, b"ab"), link_pb2.TransferChunk(data=b"c")], "carries more than"),
+        ([_header("x-0", 0, 3), link_pb2.TransferChunk(data=b"a"), _whole("x-1", 1, b"b")],
+         "a header came before"),
+        ([link_pb2.TransferChunk(data=b"a"), _whole("x-0", 0, b"b")], "must be a header"),
+    ],
+    ids=["whole-short", "data-after-whole", "whole-too-early", "data-first"],
+)  # fmt: skip
+def test_a_stream_whose_whole_transfers_do_not_add_up_is_invalid_argument(
+    trio: tuple[LinkEndpoint, ...], chunks: list[link_pb2.TransferChunk], says: str
+) -> None:
+    _, b, _ = trio
+    with _raw_stub(b) as stub, pytest.raises(grpc.RpcError) as info:
+        stub.Transfer(iter(chunks), timeout=2)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert says in str(info.value.details())
+
+
 @pytest.mark.parametrize(
     ("chunks", "says"),
     [
@@ -616,6 +669,25 @@ def test_an_outbox_sends_each_peers_transfers_on_one_stream(
             got = endpoint.receive("o", step, A, timeout_s=5)
             payload = got.payload(5.0)
             assert payload is not None and np.frombuffer(payload, np.float32)[-1] == 299_999
+
+
+def test_a_link_stream_sends_a_transfer_of_up_to_a_chunk_whole() -> None:
+    class Transfer:  # the stub's call: keeps the request stream it is given
+        requests: Iterator[bytes]
+
+        def future(self, requests: Iterator[bytes], timeout: float) -> None:
+            self.requests = requests
+
+    transfer = Transfer()
+    stream = LinkStream(cast(Any, SimpleNamespace(transfer=transfer)), 5.0)
+    header = link_pb2.TransferHeader(transfer_id="t", src_socket_id=A, dst_socket_id=B)
+    stream.put(header, memoryview(bytes(CHUNK_BYTES)))
+    stream.put(header, None)  # timing-only
+    stream.put(header, memoryview(bytes(CHUNK_BYTES + 1)))
+    stream.close()
+    sent = [link_pb2.TransferChunk.FromString(m) for m in transfer.requests]
+    assert [m.WhichOneof("chunk") for m in sent] == ["whole", "whole", "header", "data", "data"]
+    assert len(sent[0].whole.data) == CHUNK_BYTES and sent[1].whole.data == b""
 
 
 def test_an_outbox_fails_the_sends_after_a_link_goes_down(trio: tuple[LinkEndpoint, ...]) -> None:

@@ -100,6 +100,32 @@ def test_decode_delivery_views_the_data_and_falls_back_when_reordered() -> None:
     assert back.header == HEADER and bytes(back.data) == b"payload"
 
 
+@pytest.mark.parametrize("data", [None, b"", b"x", b"\x00" * 200_000])
+def test_whole_chunk_round_trips_both_ways(data: bytes | None) -> None:
+    raw = wire.encode_whole_chunk(HEADER, None if data is None else memoryview(data))
+    parsed = link_pb2.TransferChunk.FromString(raw)
+    assert parsed.WhichOneof("chunk") == "whole"
+    assert parsed.whole.header == HEADER and parsed.whole.data == (data or b"")
+    theirs = link_pb2.TransferChunk(
+        whole=link_pb2.Delivery(header=HEADER, data=data or b"")
+    ).SerializeToString()
+    assert raw == theirs
+    back = wire.decode_chunk(theirs)
+    assert isinstance(back, wire.Delivered)
+    assert back.header == HEADER and bytes(back.data) == (data or b"")
+
+
+def test_decode_chunk_views_a_whole_transfers_data_and_falls_back_when_not_canonical() -> None:
+    raw = wire.encode_whole_chunk(HEADER, memoryview(b"payload"))
+    got = wire.decode_chunk(raw)
+    assert isinstance(got, wire.Delivered)
+    assert isinstance(got.data, memoryview) and got.data.obj is raw  # no copy
+    # An unknown field (4, varint) after the whole transfer: valid, not canonical.
+    back = wire.decode_chunk(raw + b"\x20\x01")
+    assert isinstance(back, wire.Delivered)
+    assert back.header == HEADER and bytes(back.data) == b"payload"
+
+
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt is glibc's")
 def test_keep_freed_buffers_takes_effect_on_glibc() -> None:
     assert heap.keep_freed_buffers() is True

@@ -148,12 +148,14 @@ class LinkStub:
 
 
 class LinkStream:
-    """Several transfers to one peer on one Transfer call, in turn: each a header, then
-    its data, copied into its chunks when it is put (the caller may change its buffer at
-    once). A collective's steps to one peer share a stream: as a unary Deliver each,
-    every step paid a call's setup on both ends (the client's future and the channel's
-    thread, the server's dispatch): a 16-socket ring all-reduce of 16 MB cost the sockets
-    1.78-1.96 s of CPU, on streams 1.46-1.63 s (docs/data-plane.md)."""
+    """Several transfers to one peer on one Transfer call, in turn, each copied into its
+    messages when it is put (the caller may change its buffer at once): one of at most a
+    chunk whole in one message, a larger one a header and then its data in chunks. A
+    collective's steps to one peer share a stream: as a unary Deliver each, every step
+    paid a call's setup on both ends (the client's future and the channel's thread, the
+    server's dispatch): a 16-socket ring all-reduce of 16 MB cost the sockets 1.78-1.96 s
+    of CPU, on streams 1.46-1.63 s (docs/data-plane.md). As a header and a data chunk,
+    each of its 1 MiB transfers cost both ends a second message."""
 
     def __init__(self, stub: LinkStub, timeout_s: float) -> None:
         self._queue: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
@@ -161,10 +163,11 @@ class LinkStream:
         self.call = stub.transfer.future(iter(self._queue.get, None), timeout=timeout_s)
 
     def put(self, header: link_pb2.TransferHeader, data: memoryview | None) -> None:
-        self._queue.put(wire.encode_header_chunk(header))
-        if data is not None:
-            for offset in range(0, len(data), CHUNK_BYTES):
-                self._queue.put(wire.encode_data_chunk(data[offset : offset + CHUNK_BYTES]))
+        if data is None or len(data) <= CHUNK_BYTES:
+            self._queue.put(wire.encode_whole_chunk(header, data))
+            return
+        for message in _chunks(header, data):
+            self._queue.put(message)
 
     def close(self) -> None:
         """No more transfers: the call ends once the peer has the last one."""

@@ -2,12 +2,13 @@
 
 LinkServer binds and runs the gRPC server (its own thread pool, the request guard and,
 with TLS, the rack-member check in front). LinkServicer answers on the server's threads:
-`Transfer` (a header, then data chunks) and `Deliver` (one message) pass the same
-admission (addressed to this socket, a transfer id not seen recently), the same size
-check (exactly the bytes the header declares, none for a timing-only transfer) and are
-handed alike to the socket through its thread-safe Mailbox, the data kept as views of
-what gRPC received (no copy), a stream's as soon as its header is in (the socket reads
-the chunks while the rest arrive, mailbox.Parts); `Ping` answers with the socket's
+`Transfer` (a header, then data chunks, or a whole transfer in one chunk; several in
+turn) and `Deliver` (one message) pass the same admission (addressed to this socket, a
+transfer id not seen recently), the same size check (exactly the bytes the header
+declares, none for a timing-only transfer) and are handed alike to the socket through
+its thread-safe Mailbox, the data kept as views of what gRPC received (no copy), a
+chunked one's as soon as its header is in (the socket reads the chunks while the rest
+arrive, mailbox.Parts); `Ping` answers with the socket's
 emulated clock. Every refusal is a gRPC status with a message naming the socket (and the
 transfer, once its header is read), never UNKNOWN.
 """
@@ -64,12 +65,13 @@ class LinkServicer:
         context: grpc.ServicerContext,
     ) -> link_pb2.TransferAck:
         """One transfer, or several in turn (a collective's messages to this socket on
-        one stream): each a header, then its data; each stored as soon as its data is
-        all in. The acknowledgement is the last transfer's, with every byte received."""
+        one stream): each a header, then its data, or whole in one chunk; each stored as
+        soon as its data is all in. The acknowledgement is the last transfer's, with
+        every byte received."""
         me = self.socket_id
         invalid = grpc.StatusCode.INVALID_ARGUMENT
         first = next(request_iterator, _END)
-        if not isinstance(first, link_pb2.TransferHeader):
+        if not isinstance(first, link_pb2.TransferHeader | wire.Delivered):
             got = (
                 "an empty stream"
                 if first is _END
@@ -78,32 +80,42 @@ class LinkServicer:
                 else "an empty chunk"
             )
             _abort(context, invalid, f"{me}: the first chunk must be a header, got {got}")
-        h = first
+        chunk = first
         total_received = 0
         while True:
-            self._admit(h, context)
-            received = self._receive(h, request_iterator, context)
+            if isinstance(chunk, wire.Delivered):
+                h = chunk.header
+                received = self._deliver(chunk, context)
+            else:
+                h = chunk
+                self._admit(h, context)
+                received = self._receive(h, request_iterator, context)
             total_received += received
             following = next((c for c in request_iterator if c), None)  # empty: nothing
             if following is None:
                 break
-            if not isinstance(following, link_pb2.TransferHeader):
+            if not isinstance(following, link_pb2.TransferHeader | wire.Delivered):
                 # Data beyond what the header declared: the size check ends the call.
                 self._check_size(h, received + len(following), context)
                 break
-            h = following
+            chunk = following
         return self._ack(h, total_received)
 
     def Deliver(  # noqa: N802 (gRPC method name)
         self, request: wire.Delivered, context: grpc.ServicerContext
     ) -> link_pb2.TransferAck:
-        h = request.header
+        return self._ack(request.header, self._deliver(request, context))
+
+    def _deliver(self, delivered: wire.Delivered, context: grpc.ServicerContext) -> int:
+        """A whole transfer (a Deliver, or a stream's whole chunk) admitted, checked and
+        handed over; the bytes received."""
+        h = delivered.header
         self._admit(h, context)
-        data = request.data
+        data = delivered.data
         self._check_size(h, len(data), context)
         # The request's bytes are the payload as they came (a view: no copy).
         self._put(h, None if h.timing_only else Parts((data,)), context)
-        return self._ack(h, len(data))
+        return len(data)
 
     def _receive(
         self,
@@ -329,7 +341,7 @@ def _data(
     """The next non-empty data chunk of a transfer, None at the stream's end; a header
     before the transfer's data is all in is INVALID_ARGUMENT."""
     for chunk in request_iterator:
-        if isinstance(chunk, link_pb2.TransferHeader):
+        if isinstance(chunk, link_pb2.TransferHeader | wire.Delivered):
             _abort(
                 context,
                 grpc.StatusCode.INVALID_ARGUMENT,

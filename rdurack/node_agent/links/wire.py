@@ -50,6 +50,7 @@ SERVICE = link_pb2.DESCRIPTOR.services_by_name["LinkService"].full_name
 # Field tags, (field number << 3) | wire type 2 (length-delimited), link.proto.
 _TAG_HEADER = 0x0A  # TransferChunk.header = 1, Delivery.header = 1
 _TAG_DATA = 0x12  # TransferChunk.data = 2, Delivery.data = 2
+_TAG_WHOLE = 0x1A  # TransferChunk.whole = 3
 _MAX_VARINT_BYTES = 10  # a uint64 takes at most ten 7-bit groups
 
 
@@ -61,9 +62,10 @@ class Delivered:
     data: memoryview | bytes
 
 
-# A decoded TransferChunk: the header message, or a view of a data chunk's bytes (empty
-# for a chunk with neither field set: gRPC takes a deserializer's None for a failure).
-Chunk = link_pb2.TransferHeader | memoryview | bytes
+# A decoded TransferChunk: the header message, a view of a data chunk's bytes (empty
+# for a chunk with no field set: gRPC takes a deserializer's None for a failure), or a
+# whole transfer.
+Chunk = link_pb2.TransferHeader | memoryview | bytes | Delivered
 
 
 def varint(value: int) -> bytes:
@@ -108,27 +110,45 @@ def encode_data_chunk(data: memoryview) -> bytes:
 def encode_delivery(header: link_pb2.TransferHeader, data: memoryview | None) -> bytes:
     """A Delivery of `header` and `data` (None or empty: no data field, as protobuf
     omits an empty proto3 bytes field)."""
+    return b"".join(_delivery(header, data))
+
+
+def encode_whole_chunk(header: link_pb2.TransferHeader, data: memoryview | None) -> bytes:
+    """A TransferChunk carrying a whole transfer (a Delivery): one copy of the payload,
+    as `encode_delivery`'s."""
+    delivery = _delivery(header, data)
+    size = sum(len(p) for p in delivery)
+    return b"".join((bytes((_TAG_WHOLE,)), varint(size), *delivery))
+
+
+def _delivery(header: link_pb2.TransferHeader, data: memoryview | None) -> list[bytes | memoryview]:
+    """A Delivery's encoding in pieces, none of them a copy of the payload yet."""
     parts = [*_field(_TAG_HEADER, header.SerializeToString())]
     if data is not None and len(data):
         parts += _field(_TAG_DATA, data)
-    return b"".join(parts)
+    return parts
 
 
 # ------------------------------------------------------------------ receiving
 
 
 def decode_chunk(raw: bytes) -> Chunk:
-    """A TransferChunk: its header, or its data as a view into `raw` (no copy).
+    """A TransferChunk: its header, its data as a view into `raw` (no copy), or its
+    whole transfer, the data a view into `raw` when canonical.
 
     Raises google.protobuf.message.DecodeError for bytes that are no TransferChunk."""
-    if raw[:1] == bytes((_TAG_DATA,)):
+    if raw[:1] in (bytes((_TAG_DATA,)), bytes((_TAG_WHOLE,))):
         read = _read_varint(raw, 1)
         if read is not None and read[0] == len(raw) - read[1]:
-            return memoryview(raw)[read[1] :]
+            if raw[0] == _TAG_DATA:
+                return memoryview(raw)[read[1] :]
+            return _delivery_at(raw, read[1])
     chunk = link_pb2.TransferChunk.FromString(raw)
     kind = chunk.WhichOneof("chunk")
     if kind is None:
         return b""
+    if kind == "whole":
+        return Delivered(chunk.whole.header, chunk.whole.data)
     return chunk.header if kind == "header" else chunk.data
 
 
@@ -136,8 +156,13 @@ def decode_delivery(raw: bytes) -> Delivered:
     """A Delivery, its data as a view into `raw` when canonical (no copy).
 
     Raises google.protobuf.message.DecodeError for bytes that are no Delivery."""
-    if raw[:1] == bytes((_TAG_HEADER,)):
-        read = _read_varint(raw, 1)
+    return _delivery_at(raw, 0)
+
+
+def _delivery_at(raw: bytes, pos: int) -> Delivered:
+    """The Delivery that `raw` holds from `pos` to its end (decode_delivery)."""
+    if raw[pos : pos + 1] == bytes((_TAG_HEADER,)):
+        read = _read_varint(raw, pos + 1)
         if read is not None:
             size, start = read
             end = start + size
@@ -148,7 +173,7 @@ def decode_delivery(raw: bytes) -> Delivered:
                 if data is not None and data[0] == len(raw) - data[1]:
                     header = link_pb2.TransferHeader.FromString(raw[start:end])
                     return Delivered(header, memoryview(raw)[data[1] :])
-    delivery = link_pb2.Delivery.FromString(raw)
+    delivery = link_pb2.Delivery.FromString(raw[pos:])
     return Delivered(delivery.header, delivery.data)
 
 
