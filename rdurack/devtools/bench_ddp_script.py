@@ -42,11 +42,14 @@ def main() -> None:
         dist.all_reduce(grads)
         all_reduces.append(time.perf_counter() - began)
     if dist.get_rank() == 0:
+        # Flushed now: if another rank dies in the teardown below, torchrun ends this one
+        # with SIGTERM, and what a pipe's buffer held is lost (once, a gloo rank's
+        # SIGABRT cost a whole run of `make bench` its torch figures that way).
         print(json.dumps({
             "step_s": statistics.median(steps[WARM_UP:]),
             "all_reduce_s": statistics.median(all_reduces[WARM_UP:]),
             "bytes": grads.nbytes,
-        }))  # fmt: skip
+        }), flush=True)  # fmt: skip
     dist.destroy_process_group()
 
 

@@ -49,7 +49,10 @@ def _figures(out: str) -> dict[str, Any]:
         if line.startswith("{"):
             figures: dict[str, Any] = json.loads(line)
             return figures
-    raise RuntimeError(f"the DDP script printed no figures:\n{out[-2000:]}")
+    # The start too: the first rank to fail says why there, and torchrun's summary of
+    # the ranks it ended fills the end.
+    shown = out if len(out) <= 4000 else f"{out[:2500]}\n[...]\n{out[-1500:]}"
+    raise RuntimeError(f"the DDP script printed no figures:\n{shown}")
 
 
 def on_gloo() -> dict[str, Any]:

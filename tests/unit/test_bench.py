@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from rdurack.devtools import bench
+from rdurack.devtools import bench, bench_torch
 from rdurack.devtools.bench import bench_paper_fidelity, run, table
 from rdurack.devtools.bench_figure import BenchFigure
 from rdurack.devtools.bench_predictor import bench_predictor_speed, bench_serving_engine, gauge
@@ -372,3 +372,13 @@ def test_the_torch_figures_are_the_medians_of_runs_in_turns_with_gloo(
     assert (step.value, step.floor) == pytest.approx((900.0, 200.0))
     assert (all_reduce.value, all_reduce.floor) == pytest.approx((450.0, 100.0))
     assert "2.1 MB" in all_reduce.name
+
+
+def test_torch_figures_are_rank_0s_line_and_a_failure_shows_where_it_began() -> None:
+    assert bench_torch._figures('warning\n{"step_s": 0.5}\ntorchrun: done\n') == {"step_s": 0.5}
+    out = "rank 7: gloo failed here\n" + "x" * 10_000 + "\nrank 0 ended by SIGTERM"
+    with pytest.raises(RuntimeError, match="no figures") as info:
+        bench_torch._figures(out)
+    message = str(info.value)
+    assert "rank 7: gloo failed here" in message and "rank 0 ended by SIGTERM" in message
+    assert len(message) < 4200  # the middle left out
