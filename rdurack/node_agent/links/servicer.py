@@ -8,9 +8,9 @@ transfer id not seen recently), the same size check (exactly the bytes the heade
 declares, none for a timing-only transfer) and are handed alike to the socket through
 its thread-safe Mailbox, the data kept as views of what gRPC received (no copy), a
 chunked one's as soon as its header is in (the socket reads the chunks while the rest
-arrive, mailbox.Parts); `Ping` answers with the socket's
-emulated clock. Every refusal is a gRPC status with a message naming the socket (and the
-transfer, once its header is read), never UNKNOWN.
+arrive, mailbox.Parts); `Ping` answers with the socket's emulated clock. Every refusal
+is a gRPC status with a message naming the socket (and the transfer, once its header is
+read), never UNKNOWN.
 """
 
 from __future__ import annotations
